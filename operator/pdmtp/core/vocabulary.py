@@ -1,0 +1,50 @@
+"""Every label key, annotation key and engine environment variable the project writes, in one place.
+
+Other modules import these names; nothing spells the strings again.
+"""
+
+from typing import Final, Literal
+
+GROUP: Final = "pdmtp.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "PDDeployment"
+PLURAL: Final = "pddeployments"
+SINGULAR: Final = "pddeployment"
+SHORT_NAME: Final = "pdd"
+
+Role = Literal["prefill", "decode", "router"]
+ENGINE_ROLES: Final[tuple[Role, Role]] = ("prefill", "decode")
+
+# Labels on every child object and pod.
+LABEL_NAME: Final = f"{GROUP}/name"
+LABEL_ROLE: Final = f"{GROUP}/role"
+LABEL_REVISION: Final = f"{GROUP}/revision"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "pdmtp"
+
+# Annotations.
+ANNOTATION_ROLE_HASH: Final = f"{GROUP}/role-hash"
+"""Hash of a role's local settings: a change rolls that role only, inside its revision."""
+ANNOTATION_BOOTSTRAP_PORT: Final = f"{GROUP}/bootstrap-port"
+"""The Mooncake bootstrap port of a prefill pod, read by the router's service discovery."""
+ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
+"""RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
+ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
+
+# Environment variables the rendered engine pods carry. The engine launcher (images/engine)
+# reads the PDMTP_* ones; a test checks both sides spell them alike.
+ENV_EXPECTED_LOOKAHEAD: Final = "PDMTP_EXPECTED_LOOKAHEAD"
+ENV_EXPECTED_BACKOFF: Final = "PDMTP_EXPECTED_PREFILL_BACKOFF"
+ENV_ROLE: Final = "PDMTP_ROLE"
+ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
+ENV_MOONCAKE_BOOTSTRAP_PORT: Final = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+
+# Ports inside the pods.
+ENGINE_HTTP_PORT: Final = 8000
+ROUTER_HTTP_PORT: Final = 8000
+ROUTER_METRICS_PORT: Final = 29000
+
+# Connector the engine image ships (images/engine/pdmtp_engine/connector.py).
+CONNECTOR_CLASS: Final = "BackoffMooncakeConnector"
+CONNECTOR_MODULE: Final = "pdmtp_engine.connector"
