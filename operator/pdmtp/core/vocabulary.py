@@ -48,3 +48,8 @@ ROUTER_METRICS_PORT: Final = 29000
 # Connector the engine image ships (images/engine/pdmtp_engine/connector.py).
 CONNECTOR_CLASS: Final = "BackoffMooncakeConnector"
 CONNECTOR_MODULE: Final = "pdmtp_engine.connector"
+
+# Extended resources the rendered pods request.
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+RDMA_RESOURCE: Final = "rdma/hca_shared_devices_a"
+"""The shared-device RDMA resource (k8s-rdma-shared-dev-plugin's default name)."""
