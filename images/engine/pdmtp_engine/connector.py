@@ -1,0 +1,215 @@
+"""vLLM's Mooncake P/D connector with the multi-module MTP prefill backoff.
+
+vLLM's `MooncakeConnector` backs off only the one token that hybrid Mamba and bounded-replay
+models need. With a multi-module MTP drafter the prefiller would then compute the drafter's whole
+lookahead window from unverified drafts and ship that KV, which the decoder never rebuilds. This
+subclass makes both sides stop `backoff = max(state_backoff, lookahead - 1)` tokens short of the
+prompt, the rule vLLM's NIXL connector applies (`_prefill_backoff` in its scheduler):
+
+- decode (kv_consumer) pulls `prompt_len - backoff` tokens and recomputes the rest;
+- prefill (kv_producer) drops the same trailing tokens before the prefix-cache lookup, once.
+
+Load it with `--kv-transfer-config '{"kv_connector": "BackoffMooncakeConnector",
+"kv_connector_module_path": "pdmtp_engine.connector", ...}'`. The worker side is vLLM's own.
+
+It overrides private members of the pinned vLLM, so importing this module checks that they are
+still there with the shape relied on, and refuses to load otherwise.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
+    MooncakeConnector,
+    MooncakeConnectorScheduler,
+)
+from vllm.v1.request import Request
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+TRUNCATED_MARKER: Final = "_p_side_truncated"
+"""kv_transfer_params key marking a prefill request already truncated. It is the key vLLM's
+own Mamba truncation uses, so neither path can truncate a request the other already did."""
+
+
+class IncompatibleVllmError(ImportError):
+    """The installed vLLM lacks a private member this connector overrides or relies on."""
+
+
+def prefill_backoff(lookahead: int, state_backoff: int) -> int:
+    """Trailing prompt tokens the prefiller must not compute; the decoder recomputes them.
+
+    `lookahead` is `VllmConfig.num_prefill_lookahead_tokens`; a drafter reading `lookahead`
+    tokens ahead leaves the last `lookahead - 1` of the prefill with draft-dependent KV.
+    `state_backoff` is 1 for hybrid Mamba or bounded-replay models (they need h(N-1)), else 0.
+    """
+    return max(state_backoff, lookahead - 1)
+
+
+def _parameter_names(function: Callable[..., Any]) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _require(condition: bool, what: str) -> None:
+    if not condition:
+        raise IncompatibleVllmError(
+            f"pdmtp_engine.connector cannot load: the installed vLLM {what}; "
+            "the engine image pins the vLLM version this connector was written against"
+        )
+
+
+def _references(function: Callable[..., Any], names: Iterable[str]) -> bool:
+    """Whether the function's bytecode names every one of `names` (calls or attributes)."""
+    referenced = set(function.__code__.co_names)
+    return all(name in referenced for name in names)
+
+
+def check_vllm_compatibility() -> None:
+    """Fail loudly unless vLLM has every private member this module depends on."""
+    _require(
+        _parameter_names(MooncakeConnector.__init__)
+        == ["self", "vllm_config", "role", "kv_cache_config"],
+        "MooncakeConnector.__init__ is not (vllm_config, role, kv_cache_config)",
+    )
+    # The parent builds its scheduler half directly; we replace it after construction.
+    _require(
+        _references(MooncakeConnector.__init__, ["MooncakeConnectorScheduler"])
+        and _references(MooncakeConnector.on_new_request, ["on_new_request"])
+        and _references(MooncakeConnector.get_num_new_matched_tokens, ["connector_scheduler"]),
+        "MooncakeConnector no longer delegates to self.connector_scheduler",
+    )
+    _require(
+        _parameter_names(MooncakeConnectorScheduler.__init__)
+        == ["self", "vllm_config", "engine_id", "kv_cache_config"],
+        "MooncakeConnectorScheduler.__init__ is not (vllm_config, engine_id, kv_cache_config)",
+    )
+    _require(
+        _parameter_names(MooncakeConnectorScheduler._get_remote_prefill_token_count)
+        == ["self", "num_prompt_tokens"]
+        and _references(
+            MooncakeConnectorScheduler.get_num_new_matched_tokens,
+            ["_get_remote_prefill_token_count"],
+        ),
+        "MooncakeConnectorScheduler does not size remote prefill loads through "
+        "_get_remote_prefill_token_count(num_prompt_tokens)",
+    )
+    # on_new_request is replaced wholesale: it must still do nothing but the Mamba truncation,
+    # or replacing it would drop new behaviour.
+    stock_on_new_request_names = set(MooncakeConnectorScheduler.on_new_request.__code__.co_names)
+    _require(
+        _parameter_names(MooncakeConnectorScheduler.on_new_request) == ["self", "request"]
+        and stock_on_new_request_names
+        <= {
+            "kv_transfer_params",
+            "get",
+            "_has_mamba",
+            "_bounded_replay",
+            "_truncate_mamba_request_for_prefill",
+        },
+        "MooncakeConnectorScheduler.on_new_request does more than the Mamba truncation "
+        f"(it references {sorted(stock_on_new_request_names)})",
+    )
+    _require(
+        isinstance(getattr(VllmConfig, "num_prefill_lookahead_tokens", None), property),
+        "VllmConfig has no num_prefill_lookahead_tokens property",
+    )
+    _require(
+        callable(getattr(Request, "get_skip_reading_prefix_cache", None))
+        and _references(
+            Request.__init__,
+            [
+                "prompt_token_ids",
+                "prompt_embeds",
+                "_all_token_ids",
+                "num_prompt_tokens",
+                "max_tokens",
+                "kv_transfer_params",
+            ],
+        ),
+        "Request lacks prompt_token_ids/prompt_embeds/_all_token_ids/num_prompt_tokens/"
+        "max_tokens/kv_transfer_params or get_skip_reading_prefix_cache()",
+    )
+
+
+check_vllm_compatibility()
+
+
+class BackoffMooncakeConnectorScheduler(MooncakeConnectorScheduler):
+    """Scheduler half of the Mooncake connector with the lookahead-aware backoff."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        engine_id: str,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        _require(
+            isinstance(getattr(self, "_has_mamba", None), bool)
+            and isinstance(getattr(self, "_bounded_replay", None), bool),
+            "MooncakeConnectorScheduler sets no boolean _has_mamba/_bounded_replay",
+        )
+        self.state_backoff: int = 1 if (self._has_mamba or self._bounded_replay) else 0
+        self.lookahead: int = vllm_config.num_prefill_lookahead_tokens
+        self.prefill_backoff: int = prefill_backoff(self.lookahead, self.state_backoff)
+
+    def _get_remote_prefill_token_count(self, num_prompt_tokens: int) -> int:
+        """Decode side: load all but the trailing `prefill_backoff` prompt tokens."""
+        if self.prefill_backoff and num_prompt_tokens > self.prefill_backoff:
+            return num_prompt_tokens - self.prefill_backoff
+        return num_prompt_tokens
+
+    def on_new_request(self, request: Request) -> None:
+        """Prefill side: runs from Scheduler.add_request, before the prefix-cache lookup."""
+        params = request.kv_transfer_params
+        if params is not None and params.get("do_remote_decode"):
+            self._truncate_request_for_prefill(request)
+
+    def _truncate_request_for_prefill(self, request: Request) -> None:
+        backoff = self.prefill_backoff
+        params = request.kv_transfer_params
+        if (
+            not backoff
+            or params is None
+            # Preemption, rescheduling or a re-added request must never truncate twice.
+            or params.get(TRUNCATED_MARKER)
+            # The decoder mirrors this only for prompts longer than the backoff.
+            or request.num_prompt_tokens <= backoff
+            # Prompt-logprob requests skip the prefix cache: the decoder loads nothing and
+            # recomputes the whole prompt, so the prefiller must compute all of it.
+            or request.get_skip_reading_prefix_cache()
+        ):
+            return
+        if request.prompt_token_ids is not None:
+            del request.prompt_token_ids[-backoff:]
+        elif request.prompt_embeds is not None:
+            request.prompt_embeds = request.prompt_embeds[:-backoff]
+        else:
+            return
+        del request._all_token_ids[-backoff:]
+        request.num_prompt_tokens -= backoff
+        # The prefiller only fills KV; the one sampled token is discarded by the router.
+        request.max_tokens = 1
+        params[TRUNCATED_MARKER] = True
+
+
+class BackoffMooncakeConnector(MooncakeConnector):
+    """`MooncakeConnector` whose prefill and decode sides agree on the MTP lookahead backoff."""
+
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig,
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        if role == KVConnectorRole.SCHEDULER:
+            self.connector_scheduler = BackoffMooncakeConnectorScheduler(
+                vllm_config, self.engine_id, kv_cache_config
+            )
