@@ -40,7 +40,8 @@ the client; none of those is modelled by the CRD.
 """
 
 ROUTER_READINESS_PATH: Final = "/readiness"
-"""200 once every configured prefill and decode answered its health check (a readinessProbe)."""
+"""The readinessProbe path. The router listens only after its start-up health wait and every
+prefill's `/query`; the body counts healthy prefills and decodes."""
 ROUTER_LIVENESS_PATH: Final = "/liveness"
 
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
