@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pdmtp.core.router import Prefill, static_router_args
-from router.emulator import EngineEmulator, Role
-from router.harness import LOOPBACK, RouterProcess, find_router_binary, free_port
+from router.emulator import EngineEmulator, EngineFactory, Role
+from router.harness import LOOPBACK, RouterFactory, RouterProcess, find_router_binary, free_port
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,6 +18,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.router)
+            # A wedged router or emulator must fail the test, not hang the tier.
+            item.add_marker(pytest.mark.timeout(120))
 
 
 @pytest.fixture(scope="session")
@@ -28,9 +30,6 @@ def router_binary() -> Path:
             pytest.fail(f"router tier required (PDMTP_REQUIRE_ALL=1): {why}")
         pytest.skip(why)
     return path
-
-
-EngineFactory = Callable[..., EngineEmulator]
 
 
 @pytest.fixture
@@ -46,9 +45,6 @@ def engine() -> Iterator[EngineFactory]:
     yield make
     for emu in started:
         emu.stop()
-
-
-RouterFactory = Callable[..., RouterProcess]
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -64,6 +64,8 @@ class EngineEmulator:
     requests: list[Recorded] = field(default_factory=list)
     bootstrap_queries: int = 0
     failure: Failure | None = None
+    query_status: int = 200
+    """What the bootstrap `/query` answers; anything but 200 comes with an error body."""
 
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
@@ -161,8 +163,7 @@ class EngineEmulator:
         site = web.TCPSite(runner, self.host, port, reuse_address=True)
         await site.start()
         self._runners.append(runner)
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-        return int(sockets[0].getsockname()[1])
+        return int(runner.addresses[0][1])
 
     async def _shutdown(self) -> None:
         runners, self._runners = self._runners, []
@@ -195,6 +196,8 @@ class EngineEmulator:
 
     async def _query(self, request: web.Request) -> web.StreamResponse:
         self.bootstrap_queries += 1
+        if self.query_status != 200:
+            return web.json_response({"detail": "not ready"}, status=self.query_status)
         body = {
             str(rank): {
                 "engine_id": engine_id,
@@ -259,7 +262,8 @@ class EngineEmulator:
             "usage": usage,
         }
         if self.role == "prefill":
-            # vLLM echoes the connector's params on a remote-decode request's final output.
+            # vLLM 0.33.0's Mooncake producer returns no params here (request_finished -> None):
+            # the router builds the decode's params from /query, not from this response.
             out["kv_transfer_params"] = None
         return out
 
@@ -279,3 +283,7 @@ class EngineEmulator:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+EngineFactory = Callable[..., EngineEmulator]
+"""The `engine` fixture: `engine(role, name, **fields)` starts one, stopped after the test."""

@@ -71,8 +71,7 @@ class FakeKube:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        sockets = site._server.sockets if site._server is not None else []  # type: ignore[union-attr]
-        self.port = int(sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.calls.append((request.method, request.path, dict(request.query)))

@@ -15,7 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -119,6 +119,10 @@ class RouterProcess:
         self._log.flush()
         self._log.seek(0)
         return self._log.read().decode(errors="replace")[-20000:]
+
+
+RouterFactory = Callable[..., RouterProcess]
+"""The `start_router` fixture: `start_router(prefills, decodes, policy=..., wait_ready=...)`."""
 
 
 @dataclass(frozen=True)

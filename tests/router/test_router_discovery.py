@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from pdmtp.core.vocabulary import ANNOTATION_BOOTSTRAP_PORT, LABEL_NAME, LABEL_REVISION, LABEL_ROLE
-from router.conftest import EngineFactory
+from router.emulator import EngineFactory
 from router.fake_kube import FakeKube
 from router.harness import LOOPBACK, RouterProcess, completion_body, free_port, post
 
