@@ -13,8 +13,9 @@ PLURAL: Final = "pddeployments"
 SINGULAR: Final = "pddeployment"
 SHORT_NAME: Final = "pdd"
 
+EngineRole = Literal["prefill", "decode"]
 Role = Literal["prefill", "decode", "router"]
-ENGINE_ROLES: Final[tuple[Role, Role]] = ("prefill", "decode")
+ENGINE_ROLES: Final[tuple[EngineRole, EngineRole]] = ("prefill", "decode")
 
 # Labels on every child object and pod.
 LABEL_NAME: Final = f"{GROUP}/name"
@@ -30,6 +31,8 @@ ANNOTATION_BOOTSTRAP_PORT: Final = f"{GROUP}/bootstrap-port"
 """The Mooncake bootstrap port of a prefill pod, read by the router's service discovery."""
 ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
 """RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
+ANNOTATION_ROUTER_MEMBERSHIP: Final = f"{GROUP}/router-membership"
+"""Token of the engines a router was started with: a change restarts the router (docs/router.md)."""
 ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
 
 # Environment variables the rendered engine pods carry. The engine launcher (images/engine)

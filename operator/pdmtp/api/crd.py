@@ -1,0 +1,216 @@
+"""Render the PDDeployment CustomResourceDefinition from the pydantic model.
+
+pydantic emits JSON Schema; apiextensions.k8s.io/v1 wants a *structural* OpenAPI v3 schema. This
+module rewrites one into the other (inline `$ref`, nullable instead of `anyOf [T, null]`,
+int-or-string, no titles, no `additionalProperties: false`) and adds what JSON Schema cannot say:
+printer columns, the status subresource, list-map keys and the root-level CEL rules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from pdmtp.api.v1alpha1 import CEL_KEY, MAX_NAME_LENGTH, PDDeployment
+from pdmtp.core import vocabulary as v
+
+JsonSchema = dict[str, Any]
+
+_DROPPED_KEYS = frozenset({"title", "discriminator", "examples"})
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Available")].status',
+        "description": "Available condition: a revision serves with enough ready pods.",
+    },
+    {
+        "name": "Prefill",
+        "type": "string",
+        "jsonPath": ".status.prefill",
+        "description": "Ready/desired prefill pods.",
+    },
+    {
+        "name": "Decode",
+        "type": "string",
+        "jsonPath": ".status.decode",
+        "description": "Ready/desired decode pods.",
+    },
+    {
+        "name": "Lookahead",
+        "type": "integer",
+        "jsonPath": ".status.lookahead.decode",
+        "description": "MTP prefill lookahead both roles derive.",
+    },
+    {
+        "name": "Revision",
+        "type": "string",
+        "jsonPath": ".status.currentRevision",
+        "description": "The most established serving revision.",
+    },
+    {
+        "name": "Update",
+        "type": "string",
+        "jsonPath": ".status.updateRevision",
+        "priority": 1,
+        "description": "The revision the spec asks for.",
+    },
+    {
+        "name": "Compatible",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="ConfigCompatible")].status',
+        "priority": 1,
+        "description": "ConfigCompatible condition.",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def _is_null(schema: JsonSchema) -> bool:
+    return schema.get("type") == "null"
+
+
+def _structural(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+    """Rewrite one JSON Schema node (recursively) into its structural form."""
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        # Keys beside $ref (description, CEL rules of the field) override the definition's.
+        merged = {**target, **{k: val for k, val in schema.items() if k != "$ref"}}
+        target_rules = target.get(CEL_KEY, [])
+        field_rules = schema.get(CEL_KEY, [])
+        if target_rules and field_rules:
+            merged[CEL_KEY] = [*target_rules, *field_rules]
+        return _structural(merged, defs)
+
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if not _is_null(o)]
+        nullable = len(options) < len(schema["anyOf"])
+        rest = {k: val for k, val in schema.items() if k != "anyOf"}
+        if len(options) == 1:
+            out = _structural({**options[0], **rest}, defs)
+        elif sorted(o.get("type", "") for o in options) == ["integer", "string"]:
+            out = _structural(rest, defs)
+            out["x-kubernetes-int-or-string"] = True
+        else:
+            raise ValueError(f"cannot express anyOf {options} structurally")
+        if nullable:
+            # Optional fields are omitted, never sent as null (we serialise with exclude_none), so
+            # the schema needs no `nullable`; a null default means "no default".
+            out.pop("default", None)
+        return out
+
+    result: JsonSchema = {}
+    for key, value in schema.items():
+        if key in _DROPPED_KEYS:
+            continue
+        if key == "const":
+            result["enum"] = [value]
+        elif key == "properties":
+            result["properties"] = {name: _structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            result["items"] = _structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                result["additionalProperties"] = _structural(value, defs)
+            elif value is True:
+                result["x-kubernetes-preserve-unknown-fields"] = True
+            # `false` beside `properties` is not structural; pruning does that job.
+        else:
+            result[key] = value
+    if "enum" in result and "type" not in result:
+        result["type"] = _json_type(result["enum"][0])
+    if (
+        result.get("type") == "object"
+        and "properties" not in result
+        and "additionalProperties" not in result
+    ):
+        result["x-kubernetes-preserve-unknown-fields"] = True
+    return result
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    return "string"
+
+
+def _list_maps(schema: JsonSchema) -> None:
+    """Mark conditions and per-role lists as maps so server-side apply merges by key."""
+    status = schema["properties"]["status"]["properties"]
+    for name, key in (("conditions", "type"), ("roles", "name"), ("revisions", "revision")):
+        status[name]["x-kubernetes-list-type"] = "map"
+        status[name]["x-kubernetes-list-map-keys"] = [key]
+
+
+def openapi_schema() -> JsonSchema:
+    """The structural OpenAPI v3 schema of PDDeployment."""
+    raw = PDDeployment.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    schema = _structural(raw, defs)
+    schema["properties"]["metadata"] = {"type": "object"}
+    schema["properties"]["apiVersion"] = {"type": "string"}
+    schema["properties"]["kind"] = {"type": "string"}
+    schema.pop("description", None)
+    schema["required"] = ["spec"]
+    schema[CEL_KEY] = [
+        {
+            "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+            "message": (
+                f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child objects "
+                "append the revision and role and must stay valid DNS labels"
+            ),
+        }
+    ]
+    _list_maps(schema)
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{v.PLURAL}.{v.GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "pdmtp"},
+        },
+        "spec": {
+            "group": v.GROUP,
+            "names": {
+                "kind": v.KIND,
+                "listKind": f"{v.KIND}List",
+                "plural": v.PLURAL,
+                "singular": v.SINGULAR,
+                "shortNames": [v.SHORT_NAME],
+                "categories": ["pdmtp"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": v.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Spell every repeated subschema out: anchors make a CRD hard to read and review."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def crd_yaml() -> str:
+    """The CRD as the YAML committed under crds/."""
+    header = "# Generated by `pdmtp crd` from operator/pdmtp/api/v1alpha1.py. Do not edit.\n"
+    return header + yaml.dump(crd(), Dumper=_NoAliasDumper, sort_keys=False, width=100)

@@ -1,0 +1,527 @@
+"""The PDDeployment API (pdmtp.io/v1alpha1) as pydantic models: the one source of the CRD schema.
+
+Every field carries a description (it becomes the CRD's and the field reference's text). CEL rules
+that the API server enforces at admission are attached with `cel(...)`; the operator re-checks the
+same facts in `pdmtp.core.agreement`, so offline validation and admission agree.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from pdmtp.core import vocabulary as v
+from pdmtp.core.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
+from pdmtp.core.lookahead import LOOKAHEAD_METHODS, MTP_METHOD_ALIASES
+
+CEL_KEY = "x-kubernetes-validations"
+MAX_NAME_LENGTH = 40
+"""Child names add up to 23 characters (`-<revision>-prefill`); Services must fit 63."""
+
+
+DEFAULTED_OBJECT: dict[str, Any] = {"default": {}}
+"""Lets the API server fill a nested object's defaults when the user omits the object."""
+
+
+def cel(*rules: tuple[str, str]) -> dict[str, Any]:
+    """A json_schema_extra carrying CEL rules as (rule, message) pairs."""
+    return {CEL_KEY: [{"rule": rule, "message": message} for rule, message in rules]}
+
+
+class _Model(BaseModel):
+    """Base: camelCase on the wire, unknown fields rejected, defaults validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+        frozen=True,
+    )
+
+
+SPECULATIVE_METHODS: tuple[str, ...] = tuple(
+    sorted(LOOKAHEAD_METHODS | MTP_METHOD_ALIASES | {"ngram", "medusa", "mlp_speculator"})
+)
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
+OWNED_ENV = (
+    v.ENV_VLLM_HOST_IP,
+    v.ENV_MOONCAKE_BOOTSTRAP_PORT,
+    v.ENV_ROLE,
+    v.ENV_EXPECTED_LOOKAHEAD,
+    v.ENV_EXPECTED_BACKOFF,
+)
+
+_OWNED_FLAG_LIST = ", ".join(sorted({f for f in OWNED_FLAGS if f.startswith("--")}))
+
+
+def _extra_args_rule(what: str) -> tuple[str, str]:
+    return (
+        f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
+        f"{what} must not set flags owned by typed fields ({_OWNED_FLAG_LIST} and their short "
+        "forms): set spec.model, spec.engine, spec.speculative, spec.kvTransfer or the role's "
+        "tensorParallelSize/pipelineParallelSize instead",
+    )
+
+
+ExtraArgs = list[Annotated[str, Field(max_length=4096)]]
+
+
+class ModelSpec(_Model):
+    """The checkpoint both roles serve."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Model to serve: a Hugging Face repository id or a path inside the image.",
+    )
+    revision: str = Field(
+        default="main",
+        min_length=1,
+        max_length=256,
+        description="Checkpoint revision (branch, tag or commit). Both roles load the same one.",
+    )
+    mtp_modules: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "The checkpoint's MTP module count (`num_nextn_predict_layers` in its config.json). "
+            "Declare it so the operator can prove both roles derive the same prefill lookahead; "
+            "without it, roles with different numSpeculativeTokens are rejected."
+        ),
+    )
+    quantization: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="vLLM `--quantization` method; unset lets vLLM read it from the checkpoint.",
+    )
+
+
+class EngineSpec(_Model):
+    """`vllm serve` settings both roles must share (part of the compat revision)."""
+
+    dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
+        default="auto", description="Weight and activation dtype (`--dtype`)."
+    )
+    kv_cache_dtype: Literal[KV_CACHE_DTYPES] = Field(  # type: ignore[valid-type]
+        default="auto",
+        description=(
+            "KV cache dtype (`--kv-cache-dtype`); Mooncake moves raw blocks: both roles share it."
+        ),
+    )
+    block_size: Literal[BLOCK_SIZES] = Field(  # type: ignore[valid-type]
+        default=16,
+        description="KV block size in tokens (`--block-size`); Mooncake has no block-size ratio.",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description=(
+            "Context length (`--max-model-len`); roles may override it (decode >= prefill)."
+        ),
+    )
+    attention_backend: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="Attention backend (`--attention-backend`); unset, vLLM chooses on both roles.",
+    )
+    disable_hybrid_kv_cache_manager: bool = Field(
+        default=False,
+        alias="disableHybridKVCacheManager",
+        description="Turn off the hybrid KV cache manager (`--disable-hybrid-kv-cache-manager`).",
+    )
+    state_backoff: Literal[0, 1] = Field(
+        default=0,
+        description=(
+            "1 for hybrid Mamba and bounded-replay sliding-window models (vLLM backs the prefill "
+            "off one token for them), else 0."
+        ),
+    )
+    extra_args: ExtraArgs = Field(
+        default_factory=list,
+        max_length=128,
+        description=(
+            "Extra `vllm serve` arguments for both roles, one token per item; part of the compat "
+            "revision. Flags owned by typed fields are rejected."
+        ),
+        json_schema_extra=cel(_extra_args_rule("spec.engine.extraArgs")),
+    )
+
+
+class SpeculativeSpec(_Model):
+    """Speculative decoding shared by both roles (`--speculative-config`)."""
+
+    method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
+        default="mtp",
+        description=(
+            "Speculative method. MTP aliases (deepseek_mtp, qwen3_next_mtp, ...) are normalised "
+            "to `mtp` as vLLM does."
+        ),
+    )
+    num_speculative_tokens: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Draft tokens per step (k). A role may override it; see spec.model.mtpModules.",
+    )
+    draft_model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Separate draft model (EAGLE family); MTP drafts with the target checkpoint.",
+    )
+
+
+class KVTransferSpec(_Model):
+    """The Mooncake KV transfer between prefill and decode."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.protocol != 'rdma' || size(self.deviceNames) > 0",
+                "spec.kvTransfer.deviceNames must list the RDMA devices (e.g. [mlx5_0]) when "
+                "spec.kvTransfer.protocol is rdma; use protocol tcp for clusters without RDMA",
+            )
+        )
+    )
+
+    protocol: Literal["rdma", "tcp"] = Field(
+        default="rdma", description="Mooncake transport protocol; both roles use the same."
+    )
+    device_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list,
+        max_length=16,
+        description="RDMA device names (`mooncake_device_name`), e.g. mlx5_0. Required for rdma.",
+    )
+    bootstrap_port: int = Field(
+        default=8998,
+        ge=1024,
+        le=65535,
+        description=(
+            "The prefill's Mooncake bootstrap server port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`)."
+        ),
+    )
+
+
+class RoleSpeculativeSpec(_Model):
+    """A role's override of the shared speculative settings."""
+
+    num_speculative_tokens: int = Field(
+        ge=1,
+        le=16,
+        description=(
+            "This role's k. Allowed to differ from the other role only where the derived prefill "
+            "lookahead stays equal (e.g. single-module MTP, where it is 1 whatever k is)."
+        ),
+    )
+
+
+class EnvVar(_Model):
+    """A literal environment variable for the engine container."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        description="Variable name.",
+    )
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+
+
+class ResourceRequirements(_Model):
+    """Compute resources for the engine container. GPUs are added from the parallel sizes."""
+
+    requests: dict[str, int | str] = Field(
+        default_factory=dict,
+        description=(
+            "Minimum resources (cpu, memory, ...); `nvidia.com/gpu` is set by the operator."
+        ),
+    )
+    limits: dict[str, int | str] = Field(
+        default_factory=dict,
+        description="Maximum resources. `nvidia.com/gpu` is set by the operator.",
+    )
+
+
+class Toleration(_Model):
+    """A pod toleration (the core/v1 Toleration fields)."""
+
+    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Key operator.")
+    value: str | None = Field(default=None, description="Taint value the toleration matches.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class RoleSpec(_Model):
+    """One engine role (prefill or decode)."""
+
+    replicas: int = Field(
+        default=1, ge=1, le=1000, description="Engine pods of this role. Scaling is not a rollout."
+    )
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "GPUs per pipeline stage (`--tensor-parallel-size`); roles' sizes divide each other."
+        ),
+    )
+    pipeline_parallel_size: int = Field(
+        default=1, ge=1, le=16, description="Pipeline stages (`--pipeline-parallel-size`)."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        le=16_777_216,
+        description="Per-role override of spec.engine.maxModelLen.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        json_schema_extra=DEFAULTED_OBJECT,
+        description="Compute resources besides GPUs (and RDMA, added when protocol is rdma).",
+    )
+    extra_args: ExtraArgs = Field(
+        default_factory=list,
+        max_length=128,
+        description=(
+            "Extra `vllm serve` arguments for this role only; a change rolls this role alone. "
+            "Flags owned by typed fields are rejected."
+        ),
+        json_schema_extra=cel(_extra_args_rule("a role's extraArgs")),
+    )
+    speculative: RoleSpeculativeSpec | None = Field(
+        default=None, description="Override of spec.speculative for this role."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment for the engine container.",
+        json_schema_extra=cel(
+            (
+                "self.all(e, !(e.name in " + str(list(OWNED_ENV)).replace('"', "'") + "))",
+                "env must not set " + ", ".join(OWNED_ENV) + ": the operator owns them",
+            )
+        ),
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the role's pods must match."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="Tolerations for the role's pods."
+    )
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on the role's pods."
+    )
+
+
+class RouterSpec(_Model):
+    """The per-revision vllm-router that pairs a prefill and a decode for each request."""
+
+    replicas: int = Field(default=1, ge=1, le=100, description="Router pods of a serving revision.")
+    policy: Literal[ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
+        default="round_robin", description="Load-balancing policy of vllm-router (`--policy`)."
+    )
+    image: str = Field(
+        default="pdmtp-router:0.1.17",
+        min_length=1,
+        max_length=512,
+        description="Router image (images/router), vllm-router pinned.",
+    )
+
+
+class RolloutSpec(_Model):
+    """How a paired (both roles) or role-local rollout proceeds."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.maxSurge > 0 || self.maxUnavailable > 0",
+                "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: a "
+                "rollout could never make progress; set maxSurge: 1",
+            )
+        )
+    )
+
+    max_surge: int = Field(
+        default=1, ge=0, le=1000, description="Pods per role allowed above replicas during a roll."
+    )
+    max_unavailable: int = Field(
+        default=0,
+        ge=0,
+        le=1000,
+        description="Ready serving pods per role allowed below replicas during a roll.",
+    )
+    drain_seconds: int = Field(
+        default=60,
+        ge=0,
+        le=3600,
+        description="Seconds an old revision keeps its pods after its router stops taking traffic.",
+    )
+
+
+class PDDeploymentSpec(_Model):
+    """Desired state of a prefill/decode deployment."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel(
+            (
+                "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
+                "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
+                "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide "
+                "one another (e.g. 8 and 4): Mooncake maps KV heads only between such sizes",
+            ),
+            (
+                "!has(self.prefill.maxModelLen) || !has(self.decode.maxModelLen) || "
+                "self.decode.maxModelLen >= self.prefill.maxModelLen",
+                "spec.decode.maxModelLen must be >= spec.prefill.maxModelLen: the decode "
+                "continues every prompt the prefill accepted",
+            ),
+            (
+                "has(self.speculative) || "
+                "(!has(self.prefill.speculative) && !has(self.decode.speculative))",
+                "spec.prefill.speculative and spec.decode.speculative override spec.speculative: "
+                "set spec.speculative (method and numSpeculativeTokens) first",
+            ),
+        )
+    )
+
+    model: ModelSpec = Field(description="The checkpoint both roles serve.")
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Engine image (images/engine: pinned vLLM + the backoff-fixed connector).",
+    )
+    engine: EngineSpec = Field(
+        default_factory=EngineSpec,
+        json_schema_extra=DEFAULTED_OBJECT,
+        description="Engine settings both roles share.",
+    )
+    speculative: SpeculativeSpec | None = Field(
+        default=None, description="Speculative decoding; unset serves without it (lookahead 0)."
+    )
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=KVTransferSpec,
+        alias="kvTransfer",
+        json_schema_extra=DEFAULTED_OBJECT,
+        description="The Mooncake KV transfer between prefill and decode.",
+    )
+    prefill: RoleSpec = Field(description="The prefill role (Mooncake kv_producer).")
+    decode: RoleSpec = Field(description="The decode role (Mooncake kv_consumer).")
+    router: RouterSpec = Field(
+        default_factory=RouterSpec,
+        json_schema_extra=DEFAULTED_OBJECT,
+        description="The per-revision request router.",
+    )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        json_schema_extra=DEFAULTED_OBJECT,
+        description="Rollout policy for both kinds of rollout.",
+    )
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Available.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339); unchanged while status holds."
+    )
+    reason: str = Field(max_length=1024, description="CamelCase reason from pdmtp's vocabulary.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+
+
+class Lookahead(_Model):
+    """The prefill lookahead each role derives, and the prefill backoff."""
+
+    prefill: int | None = Field(default=None, description="Lookahead the prefill derives.")
+    decode: int | None = Field(default=None, description="Lookahead the decode derives.")
+    prefill_backoff: int | None = Field(
+        default=None, description="Tokens the prefill stops short of each prompt."
+    )
+
+
+class RoleStatus(_Model):
+    """Pod counts of one role across revisions."""
+
+    name: Literal["prefill", "decode", "router"] = Field(description="The role.")
+    replicas: int = Field(default=0, description="Pods of this role (all revisions).")
+    ready_replicas: int = Field(default=0, description="Ready pods (all revisions).")
+    updated_replicas: int = Field(default=0, description="Pods at the update revision.")
+    desired_replicas: int = Field(default=0, description="spec.<role>.replicas.")
+
+
+class RevisionStatus(_Model):
+    """One revision that has workloads."""
+
+    revision: str = Field(description="Compat revision hash.")
+    phase: Literal["Starting", "Serving", "Draining", "Retired"] = Field(
+        description="Starting (no traffic yet), Serving, Draining (traffic off) or Retired."
+    )
+    prefill: str = Field(description="Ready/desired prefill pods, e.g. 2/2.")
+    decode: str = Field(description="Ready/desired decode pods.")
+    routers: int = Field(description="Ready router pods.")
+
+
+class PDDeploymentStatus(_Model):
+    """Observed state, written by the operator once per reconcile."""
+
+    model_config = ConfigDict(frozen=False)
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the operator last acted on."
+    )
+    lookahead: Lookahead | None = Field(default=None, description="Derived MTP prefill lookahead.")
+    current_revision: str | None = Field(
+        default=None, description="The most established serving revision."
+    )
+    update_revision: str | None = Field(default=None, description="The revision the spec asks for.")
+    prefill: str | None = Field(default=None, description="Ready/desired prefill pods (printer).")
+    decode: str | None = Field(default=None, description="Ready/desired decode pods (printer).")
+    roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list, description="Revisions that have workloads, newest last."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="ConfigCompatible, Available, Progressing, Degraded."
+    )
+
+
+class ObjectMeta(_Model):
+    """The metadata fields pdmtp reads; others pass through untouched."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Object name.")
+    namespace: str | None = Field(default=None, description="Namespace.")
+    uid: str | None = Field(default=None, description="Object uid.")
+    generation: int | None = Field(default=None, description="Spec generation.")
+
+
+class PDDeployment(_Model):
+    """A prefill/decode disaggregated vLLM deployment with MTP agreement checks."""
+
+    api_version: Literal["pdmtp.io/v1alpha1"] = Field(
+        alias="apiVersion", description="pdmtp.io/v1alpha1."
+    )
+    kind: Literal["PDDeployment"] = Field(description="PDDeployment.")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: PDDeploymentSpec = Field(description="Desired state.")
+    status: PDDeploymentStatus | None = Field(default=None, description="Observed state.")

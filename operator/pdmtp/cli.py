@@ -1,0 +1,375 @@
+"""The `pdmtp` command: offline tools (crd, validate, render, plan) and the operator (run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pdmtp.api.crd import crd_yaml
+from pdmtp.api.v1alpha1 import PDDeployment
+from pdmtp.core import reasons
+from pdmtp.core.agreement import Agreement, check
+from pdmtp.core.planner import Policy, Step, Target
+from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
+from pdmtp.core.revision import compat_revision, role_hash
+from pdmtp.core.simulate import InvariantViolation, Monitor, SimCluster, Trace, run
+from pdmtp.core.vocabulary import Role
+
+EXIT_COMPATIBLE = 0
+EXIT_INCOMPATIBLE = 1
+EXIT_UNUSABLE = 2
+
+
+class UnusableInput(Exception):
+    """The input cannot be read as a PDDeployment; the message names the file and field."""
+
+
+def _field_path(loc: Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "(document)"
+
+
+def describe_validation_error(error: ValidationError) -> list[str]:
+    """One line per problem: `field.path: what is wrong`."""
+    lines = []
+    for e in error.errors():
+        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        value = e.get("input")
+        shown = f" (got {value!r})" if e["type"] not in ("missing", "extra_forbidden") else ""
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{_field_path(loc)}: unknown field")
+        else:
+            lines.append(f"{_field_path(loc)}: {e['msg']}{shown}")
+    return lines
+
+
+def load_documents(path: str) -> list[Any]:
+    """The YAML documents of a file ('-' is standard input)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise UnusableInput(f"{path}: cannot read: {e.strerror}") from e
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise UnusableInput(f"{path}: not valid YAML{where}: {problem}") from e
+    if not docs:
+        raise UnusableInput(f"{path}: no YAML document in the file")
+    return docs
+
+
+def parse(doc: Any, source: str) -> PDDeployment:
+    """A PDDeployment from one YAML document, or UnusableInput naming every bad field."""
+    if not isinstance(doc, dict):
+        raise UnusableInput(f"{source}: expected a PDDeployment object, got {type(doc).__name__}")
+    if doc.get("kind") != "PDDeployment" or doc.get("apiVersion") != "pdmtp.io/v1alpha1":
+        raise UnusableInput(
+            f"{source}: expected apiVersion pdmtp.io/v1alpha1 and kind PDDeployment, got "
+            f"{doc.get('apiVersion')!r} {doc.get('kind')!r}"
+        )
+    try:
+        return PDDeployment.model_validate(doc)
+    except ValidationError as e:
+        problems = "; ".join(describe_validation_error(e))
+        raise UnusableInput(f"{source}: {problems}") from e
+
+
+def load_one(path: str) -> PDDeployment:
+    docs = load_documents(path)
+    if len(docs) != 1:
+        raise UnusableInput(f"{path}: expected one PDDeployment, found {len(docs)} documents")
+    return parse(docs[0], path)
+
+
+# ---- validate ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Verdict:
+    source: str
+    exit_code: int
+    agreement: Agreement | None
+    revision: str | None
+    unusable: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        a = self.agreement
+        found = (
+            [] if a is None else [{"reason": f.reason, "message": f.message} for f in a.findings]
+        )
+        if self.unusable is not None:
+            found = [{"reason": reasons.INVALID_SPEC, "message": self.unusable}]
+        return {
+            "compatible": self.exit_code == EXIT_COMPATIBLE,
+            "lookahead": {
+                "prefill": None if a is None else a.prefill_lookahead,
+                "decode": None if a is None else a.decode_lookahead,
+            },
+            "prefillBackoff": None if a is None else a.prefill_backoff,
+            "revision": self.revision,
+            "reasons": found,
+        }
+
+    def as_text(self) -> str:
+        if self.unusable is not None:
+            return f"{self.source}: unusable: {self.unusable}"
+        a = self.agreement
+        assert a is not None
+        look = f"lookahead prefill={a.prefill_lookahead} decode={a.decode_lookahead}"
+        head = f"{self.source}: {'compatible' if a.compatible else 'incompatible'} ({look}, "
+        head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
+        return "\n".join([head, *(f"  {f.reason}: {f.message}" for f in a.findings)])
+
+
+def validate_file(path: str) -> list[Verdict]:
+    try:
+        docs = load_documents(path)
+    except UnusableInput as e:
+        return [Verdict(path, EXIT_UNUSABLE, None, None, str(e))]
+    verdicts = []
+    for i, doc in enumerate(docs):
+        source = path if len(docs) == 1 else f"{path}#{i + 1}"
+        try:
+            pdd = parse(doc, source)
+        except UnusableInput as e:
+            verdicts.append(Verdict(source, EXIT_UNUSABLE, None, None, str(e)))
+            continue
+        agreement = check(pdd.spec)
+        code = EXIT_COMPATIBLE if agreement.compatible else EXIT_INCOMPATIBLE
+        revision = compat_revision(pdd.spec) if agreement.compatible else None
+        verdicts.append(Verdict(source, code, agreement, revision))
+    return verdicts
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    verdicts = [v for path in args.files for v in validate_file(path)]
+    for v in verdicts:
+        print(json.dumps(v.as_json()) if args.output == "json" else v.as_text())
+    return max(v.exit_code for v in verdicts)
+
+
+# ---- render -----------------------------------------------------------------------------------
+
+
+def rendered_children(pdd: PDDeployment) -> list[dict[str, Any]]:
+    """The children of a PDDeployment once rolled out (router args come from live pods)."""
+    agreement = check(pdd.spec)
+    if not agreement.compatible:
+        raise UnusableInput(
+            "incompatible spec, nothing to render: "
+            + "; ".join(f"{f.reason}: {f.message}" for f in agreement.findings)
+        )
+    spec = pdd.spec
+    replicas = RevisionReplicas(spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
+    revision = compat_revision(spec)
+    return [*shared_children(pdd), *revision_children(pdd, revision, replicas, agreement, None)]
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    pdd = load_one(args.file)
+    if pdd.metadata.namespace is None:
+        pdd = pdd.model_copy(
+            update={"metadata": pdd.metadata.model_copy(update={"namespace": args.namespace})}
+        )
+    children = rendered_children(pdd)
+    if args.output == "json":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": children}, indent=2))
+    else:
+        print(yaml.safe_dump_all(children, sort_keys=False), end="")
+    return 0
+
+
+# ---- plan -------------------------------------------------------------------------------------
+
+
+def target_of(pdd: PDDeployment) -> Target:
+    spec = pdd.spec
+    revision = compat_revision(spec) if check(spec).compatible else None
+    return Target(revision, spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
+
+
+def policy_of(pdd: PDDeployment) -> Policy:
+    r = pdd.spec.rollout
+    return Policy(r.max_surge, r.max_unavailable, r.drain_seconds)
+
+
+def _cell(obs: dict[str, Any], revision: str) -> str:
+    s = obs.get(revision)
+    if s is None:
+        return "-"
+    phase = "serving" if s.serving else ("draining" if s.draining else "idle")
+    return (
+        f"P {s.prefill.ready}/{s.prefill.pods} D {s.decode.ready}/{s.decode.pods} "
+        f"R {s.router.ready} {phase}"
+    )
+
+
+def _action(step: Step, obs: dict[str, Any]) -> str:
+    notes = []
+    for p in step.revisions:
+        before = obs.get(p.revision)
+        if before is None:
+            notes.append(f"create {p.revision}")
+            continue
+        if p.delete:
+            notes.append(f"retire {p.revision}")
+            continue
+        if p.drain_until is not None and not before.draining:
+            notes.append(f"unroute {p.revision}")
+        for role, old, new in (
+            ("P", before.prefill.replicas, p.prefill),
+            ("D", before.decode.replicas, p.decode),
+            ("R", before.router.replicas, p.router),
+        ):
+            if old != new:
+                notes.append(f"{p.revision} {role} {old}->{new}")
+    return ", ".join(notes) or "wait"
+
+
+def format_trace(trace: Trace, revisions: list[str]) -> str:
+    width = 34
+    header = f"{'t':>5}  " + "".join(f"{r:<{width}}" for r in revisions) + "action"
+    lines = [header, "-" * len(header)]
+    previous = ""
+    quiet_since: float | None = None
+    for now, observed, step in trace.steps:
+        obs = {s.revision: s for s in observed}
+        cells = "".join(f"{_cell(obs, r):<{width}}" for r in revisions)
+        action = "rollout complete" if step.complete else _action(step, obs)
+        if action == "wait" and cells == previous:
+            # Nothing moves (a drain, or pods starting): one line for the whole stretch.
+            quiet_since = now if quiet_since is None else quiet_since
+            continue
+        if quiet_since is not None:
+            lines.append(f"{'':>5}  ... unchanged from {quiet_since:.0f}s to {now - 1:.0f}s")
+            quiet_since = None
+        lines.append(f"{now:>4.0f}s  {cells}{action}")
+        previous = cells
+    return "\n".join(lines)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    old, new = load_one(args.from_file), load_one(args.to_file)
+    start, target = target_of(old), target_of(new)
+    if start.revision is None:
+        raise UnusableInput(f"{args.from_file}: incompatible, so it cannot be what is serving")
+    if target.revision is None:
+        print(f"{args.to_file} is incompatible: no rollout starts; {start.revision} keeps serving.")
+        for f in check(new.spec).findings:
+            print(f"  {f.reason}: {f.message}")
+        return EXIT_INCOMPATIBLE
+    if target.revision == start.revision:
+        roles: tuple[Role, ...] = ("prefill", "decode", "router")
+        changed = [r for r in roles if role_hash(old.spec, r) != role_hash(new.spec, r)]
+        print(f"Same compat revision {start.revision}: no paired rollout.")
+        if changed:
+            print(
+                f"Role-local change: {', '.join(changed)} roll in place "
+                "(the Deployment's own rolling update)."
+            )
+        if (start.prefill, start.decode) != (target.prefill, target.decode):
+            print(
+                f"Scaling: prefill {start.prefill}->{target.prefill}, "
+                f"decode {start.decode}->{target.decode}."
+            )
+        return 0
+    policy = policy_of(new)
+    sim = SimCluster.serving(start.revision, start)
+    monitor = Monitor(start, policy)
+    trace = Trace()
+    try:
+        run(
+            sim,
+            monitor,
+            target,
+            random.Random(args.seed),
+            ready_chance=args.ready_chance,
+            trace=trace,
+        )
+    except InvariantViolation as e:
+        print(format_trace(trace, [start.revision, target.revision]))
+        print(f"INVARIANT VIOLATED: {e}")
+        return 3
+    print(format_trace(trace, [start.revision, target.revision]))
+    status = "completed" if trace.complete else "did not complete"
+    print(
+        f"Paired rollout {start.revision} -> {target.revision} {status} in "
+        f"{len(trace.steps)} steps (maxSurge {policy.max_surge}, maxUnavailable "
+        f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 held "
+        "at every step."
+    )
+    return 0 if trace.complete else 3
+
+
+# ---- crd / run --------------------------------------------------------------------------------
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    print(crd_yaml(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdmtp",
+        description="vLLM prefill/decode serving with MTP on Kubernetes: operator and tools.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("crd", help="print the PDDeployment CRD (generated from the model)")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser(
+        "validate",
+        help="check PDDeployment files: exit 0 compatible, 1 incompatible, 2 unusable",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help="YAML files ('-' for stdin)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("render", help="print the child objects of a PDDeployment")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.add_argument("-n", "--namespace", default="default", help="when the file names none")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("plan", help="simulate the rollout from one spec to another")
+    p.add_argument("--from", dest="from_file", required=True, metavar="OLD.yaml")
+    p.add_argument("--to", dest="to_file", required=True, metavar="NEW.yaml")
+    p.add_argument("--seed", type=int, default=0, help="order in which pods become ready")
+    p.add_argument(
+        "--ready-chance",
+        type=float,
+        default=0.6,
+        help="chance a starting pod turns ready each simulated second",
+    )
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except UnusableInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

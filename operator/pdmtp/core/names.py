@@ -1,0 +1,39 @@
+"""Deterministic names and labels of every child object: computed, never stored."""
+
+from pdmtp.core import vocabulary as v
+from pdmtp.core.vocabulary import Role
+
+
+def workload(name: str, revision: str, role: Role) -> str:
+    """The Deployment of one (revision, role): `<name>-<revision>-<role>`."""
+    return f"{name}-{revision}-{role}"
+
+
+def client_service(name: str) -> str:
+    """The Service clients send requests to (it selects the serving routers)."""
+    return name
+
+
+def network_policy(name: str) -> str:
+    """The NetworkPolicy that lets P and D pods reach each other on any TCP port."""
+    return f"{name}-pd"
+
+
+def router_account(name: str) -> str:
+    """ServiceAccount, Role and RoleBinding of the routers (pod discovery only)."""
+    return f"{name}-router"
+
+
+def base_labels(name: str) -> dict[str, str]:
+    """Labels every child carries: enough to list all of a PDDeployment's objects."""
+    return {v.LABEL_NAME: name, v.LABEL_MANAGED_BY: v.MANAGED_BY}
+
+
+def selector(name: str, revision: str, role: Role) -> dict[str, str]:
+    """Pod selector of one (revision, role) workload."""
+    return {v.LABEL_NAME: name, v.LABEL_ROLE: role, v.LABEL_REVISION: revision}
+
+
+def pod_labels(name: str, revision: str, role: Role) -> dict[str, str]:
+    """Labels of the pods of one (revision, role)."""
+    return {**base_labels(name), **selector(name, revision, role)}

@@ -1,0 +1,414 @@
+"""Render the child objects of a PDDeployment as plain dicts (what the shell applies).
+
+Per revision: one Deployment per engine role and one router Deployment. Per PDDeployment: the
+client Service (selects every serving router), the NetworkPolicy between P and D pods, and the
+routers' ServiceAccount. Names come from `names`, labels from `vocabulary`; nothing here reads the
+cluster or the clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec, RoleSpec
+from pdmtp.core import names
+from pdmtp.core import vocabulary as v
+from pdmtp.core.agreement import Agreement, role_max_model_len, speculative_tokens
+from pdmtp.core.revision import role_hash
+from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, Membership, router_args
+from pdmtp.core.vocabulary import Role
+
+Manifest = dict[str, Any]
+
+KV_ROLES: Mapping[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+ENGINE_CONTAINER = "engine"
+ROUTER_CONTAINER = "router"
+SHM_VOLUME = "dshm"
+HEALTH_PATH = "/health"
+STARTUP_BUDGET_SECONDS = 1800
+"""Model loads take minutes; the startup probe allows half an hour before liveness applies."""
+GRACE_MARGIN_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class RevisionReplicas:
+    """Replicas of one revision's workloads, as the planner decided them."""
+
+    prefill: int
+    decode: int
+    router: int
+    drain_until: str | None = None
+
+    def of(self, role: Role) -> int:
+        return {"prefill": self.prefill, "decode": self.decode, "router": self.router}[role]
+
+
+def owner_reference(pdd: PDDeployment) -> Manifest:
+    """Controller owner reference: the garbage collector removes children with their owner."""
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.KIND,
+        "name": pdd.metadata.name,
+        "uid": pdd.metadata.uid or "",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manifest:
+    return {
+        "name": name,
+        "namespace": pdd.metadata.namespace,
+        "labels": dict(labels),
+        "ownerReferences": [owner_reference(pdd)],
+    }
+
+
+def _compact_json(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def kv_transfer_config(spec: PDDeploymentSpec, role: str) -> Manifest:
+    """The `--kv-transfer-config` of a role: the fixed connector, loaded out of tree."""
+    extra: dict[str, Any] = {"mooncake_protocol": spec.kv_transfer.protocol}
+    if spec.kv_transfer.device_names:
+        extra["mooncake_device_name"] = ",".join(spec.kv_transfer.device_names)
+    return {
+        "kv_connector": v.CONNECTOR_CLASS,
+        "kv_connector_module_path": v.CONNECTOR_MODULE,
+        "kv_role": KV_ROLES[role],
+        "kv_connector_extra_config": extra,
+    }
+
+
+def speculative_config(spec: PDDeploymentSpec, role: RoleSpec) -> Manifest | None:
+    """The `--speculative-config` of a role (its own k where it overrides the shared one)."""
+    if spec.speculative is None:
+        return None
+    config: dict[str, Any] = {
+        "method": spec.speculative.method,
+        "num_speculative_tokens": speculative_tokens(spec, role),
+    }
+    if spec.speculative.draft_model is not None:
+        config["model"] = spec.speculative.draft_model
+    return config
+
+
+def _role_spec(spec: PDDeploymentSpec, role: str) -> RoleSpec:
+    return spec.prefill if role == "prefill" else spec.decode
+
+
+def engine_args(spec: PDDeploymentSpec, role: str) -> list[str]:
+    """The engine container's args: `vllm serve` with every typed setting as a flag."""
+    r = _role_spec(spec, role)
+    args = [
+        "vllm",
+        "serve",
+        spec.model.name,
+        "--revision",
+        spec.model.revision,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(v.ENGINE_HTTP_PORT),
+        "--dtype",
+        spec.engine.dtype,
+        "--kv-cache-dtype",
+        spec.engine.kv_cache_dtype,
+        "--block-size",
+        str(spec.engine.block_size),
+        "--tensor-parallel-size",
+        str(r.tensor_parallel_size),
+        "--pipeline-parallel-size",
+        str(r.pipeline_parallel_size),
+    ]
+    max_len = role_max_model_len(spec, r)
+    if max_len is not None:
+        args += ["--max-model-len", str(max_len)]
+    if spec.model.quantization is not None:
+        args += ["--quantization", spec.model.quantization]
+    if spec.engine.attention_backend is not None:
+        args += ["--attention-backend", spec.engine.attention_backend]
+    if spec.engine.disable_hybrid_kv_cache_manager:
+        args.append("--disable-hybrid-kv-cache-manager")
+    speculative = speculative_config(spec, r)
+    if speculative is not None:
+        args += ["--speculative-config", _compact_json(speculative)]
+    args += ["--kv-transfer-config", _compact_json(kv_transfer_config(spec, role))]
+    return [*args, *spec.engine.extra_args, *r.extra_args]
+
+
+def _env(spec: PDDeploymentSpec, role: str, agreement: Agreement) -> list[Manifest]:
+    env: list[Manifest] = [
+        {"name": v.ENV_ROLE, "value": role},
+        {"name": v.ENV_VLLM_HOST_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": v.ENV_MOONCAKE_BOOTSTRAP_PORT, "value": str(spec.kv_transfer.bootstrap_port)},
+    ]
+    lookahead = agreement.prefill_lookahead if role == "prefill" else agreement.decode_lookahead
+    if lookahead is not None:
+        env.append({"name": v.ENV_EXPECTED_LOOKAHEAD, "value": str(lookahead)})
+    if agreement.prefill_backoff is not None:
+        env.append({"name": v.ENV_EXPECTED_BACKOFF, "value": str(agreement.prefill_backoff)})
+    env += [{"name": e.name, "value": e.value} for e in _role_spec(spec, role).env]
+    return env
+
+
+def _resources(spec: PDDeploymentSpec, role: str) -> Manifest:
+    r = _role_spec(spec, role)
+    gpus = r.tensor_parallel_size * r.pipeline_parallel_size
+    extended: dict[str, int | str] = {v.GPU_RESOURCE: gpus}
+    if spec.kv_transfer.protocol == "rdma":
+        extended[v.RDMA_RESOURCE] = 1
+    return {
+        "requests": {**r.resources.requests, **extended},
+        "limits": {**r.resources.limits, **extended},
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> Manifest:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def engine_pod_template(
+    pdd: PDDeployment, revision: str, role: str, agreement: Agreement
+) -> Manifest:
+    """The pod template of one (revision, engine role)."""
+    spec = pdd.spec
+    r = _role_spec(spec, role)
+    rdma = spec.kv_transfer.protocol == "rdma"
+    ports: list[Manifest] = [
+        {"name": "http", "containerPort": v.ENGINE_HTTP_PORT, "protocol": "TCP"}
+    ]
+    annotations = {**r.pod_annotations, v.ANNOTATION_ROLE_HASH: role_hash(spec, role)}  # type: ignore[arg-type]
+    if role == "prefill":
+        ports.append(
+            {
+                "name": "bootstrap",
+                "containerPort": spec.kv_transfer.bootstrap_port,
+                "protocol": "TCP",
+            }
+        )
+        annotations[v.ANNOTATION_BOOTSTRAP_PORT] = str(spec.kv_transfer.bootstrap_port)
+    security: Manifest = {"allowPrivilegeEscalation": False}
+    if rdma:
+        security["capabilities"] = {"add": ["IPC_LOCK"]}
+    container: Manifest = {
+        "name": ENGINE_CONTAINER,
+        "image": spec.image,
+        "args": engine_args(spec, role),
+        "env": _env(spec, role, agreement),
+        "ports": ports,
+        "resources": _resources(spec, role),
+        "securityContext": security,
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "startupProbe": _probe(HEALTH_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
+        "readinessProbe": _probe(HEALTH_PATH, 5, 3),
+        "livenessProbe": _probe(HEALTH_PATH, 15, 4),
+        "lifecycle": {"preStop": {"sleep": {"seconds": max(spec.rollout.drain_seconds, 1)}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: Manifest = {
+        "containers": [container],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+        "terminationGracePeriodSeconds": spec.rollout.drain_seconds + GRACE_MARGIN_SECONDS,
+        "enableServiceLinks": False,
+    }
+    if r.node_selector:
+        pod_spec["nodeSelector"] = dict(r.node_selector)
+    if r.tolerations:
+        pod_spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in r.tolerations
+        ]
+    return {
+        "metadata": {
+            "labels": names.pod_labels(pdd.metadata.name, revision, role),  # type: ignore[arg-type]
+            "annotations": annotations,
+        },
+        "spec": pod_spec,
+    }
+
+
+def _deployment(
+    pdd: PDDeployment, revision: str, role: Role, replicas: int, template: Manifest
+) -> Manifest:
+    name = pdd.metadata.name
+    rollout = pdd.spec.rollout
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(
+            pdd, names.workload(name, revision, role), names.pod_labels(name, revision, role)
+        ),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": names.selector(name, revision, role)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": rollout.max_surge,
+                    "maxUnavailable": rollout.max_unavailable,
+                },
+            },
+            "revisionHistoryLimit": 2,
+            "template": template,
+        },
+    }
+
+
+def engine_deployment(
+    pdd: PDDeployment, revision: str, role: Role, replicas: int, agreement: Agreement
+) -> Manifest:
+    """The Deployment of one (revision, engine role)."""
+    template = engine_pod_template(pdd, revision, role, agreement)
+    return _deployment(pdd, revision, role, replicas, template)
+
+
+def router_deployment(
+    pdd: PDDeployment,
+    revision: str,
+    replicas: int,
+    membership: Membership | None,
+    drain_until: str | None = None,
+) -> Manifest:
+    """The router Deployment of one revision; its args list exactly that revision's engines.
+
+    With no routable membership the router has no args to run with: it stays at zero replicas
+    (a revision gets traffic only once it pairs a ready prefill with a ready decode).
+    """
+    name = pdd.metadata.name
+    routable = membership is not None and membership.routable
+    args = (
+        router_args(membership=membership, policy=pdd.spec.router.policy)
+        if membership is not None and membership.routable
+        else []
+    )
+    annotations = {v.ANNOTATION_ROLE_HASH: role_hash(pdd.spec, "router")}
+    if membership is not None:
+        annotations[v.ANNOTATION_ROUTER_MEMBERSHIP] = membership.token
+    container: Manifest = {
+        "name": ROUTER_CONTAINER,
+        "image": pdd.spec.router.image,
+        "args": args,
+        "ports": [
+            {"name": "http", "containerPort": v.ROUTER_HTTP_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": v.ROUTER_METRICS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": _probe(ROUTER_READINESS_PATH, 2, 3),
+        "livenessProbe": _probe(ROUTER_LIVENESS_PATH, 10, 3),
+        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    template = {
+        "metadata": {
+            "labels": names.pod_labels(name, revision, "router"),
+            "annotations": annotations,
+        },
+        "spec": {
+            "containers": [container],
+            "serviceAccountName": names.router_account(name),
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 30,
+        },
+    }
+    # Offline (`pdmtp render`, membership None) the replicas show the intent; in the cluster a
+    # router without a ready prefill and decode to list has nothing to run with.
+    if membership is not None and not routable:
+        replicas = 0
+    deployment = _deployment(pdd, revision, "router", replicas, template)
+    if drain_until is not None:
+        deployment["metadata"]["annotations"] = {v.ANNOTATION_DRAIN_UNTIL: drain_until}
+    return deployment
+
+
+def client_service(pdd: PDDeployment) -> Manifest:
+    """The Service clients use: it selects the routers of every serving revision."""
+    name = pdd.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(pdd, names.client_service(name), names.base_labels(name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {v.LABEL_NAME: name, v.LABEL_ROLE: "router"},
+            "ports": [
+                {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def network_policy(pdd: PDDeployment) -> Manifest:
+    """Let P and D pods reach each other on every TCP port (Mooncake picks random ports), and
+    routers reach the engines' HTTP and bootstrap ports."""
+    name = pdd.metadata.name
+    engines = {
+        "matchLabels": {v.LABEL_NAME: name},
+        "matchExpressions": [
+            {"key": v.LABEL_ROLE, "operator": "In", "values": list(v.ENGINE_ROLES)}
+        ],
+    }
+    routers = {"matchLabels": {v.LABEL_NAME: name, v.LABEL_ROLE: "router"}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(pdd, names.network_policy(name), names.base_labels(name)),
+        "spec": {
+            "podSelector": engines,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": engines}], "ports": [{"protocol": "TCP"}]},
+                {
+                    "from": [{"podSelector": routers}],
+                    "ports": [
+                        {"protocol": "TCP", "port": v.ENGINE_HTTP_PORT},
+                        {"protocol": "TCP", "port": pdd.spec.kv_transfer.bootstrap_port},
+                    ],
+                },
+            ],
+        },
+    }
+
+
+def router_service_account(pdd: PDDeployment) -> Manifest:
+    """The routers' identity. It is bound to no Role: the static router never calls the API."""
+    name = pdd.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(pdd, names.router_account(name), names.base_labels(name)),
+        "automountServiceAccountToken": False,
+    }
+
+
+def shared_children(pdd: PDDeployment) -> list[Manifest]:
+    """The children that belong to the PDDeployment as a whole, not to a revision."""
+    return [client_service(pdd), network_policy(pdd), router_service_account(pdd)]
+
+
+def revision_children(
+    pdd: PDDeployment,
+    revision: str,
+    replicas: RevisionReplicas,
+    agreement: Agreement,
+    membership: Membership | None,
+) -> list[Manifest]:
+    """The three Deployments of one revision."""
+    return [
+        engine_deployment(pdd, revision, "prefill", replicas.prefill, agreement),
+        engine_deployment(pdd, revision, "decode", replicas.decode, agreement),
+        router_deployment(pdd, revision, replicas.router, membership, replicas.drain_until),
+    ]

@@ -1,0 +1,234 @@
+"""The rollout planner, tested by simulating whole rollouts and checking every invariant at every
+moment (pdmtp.core.simulate.Monitor), over many shapes and policies, pods turning ready in random
+order, and rollouts superseded mid-way."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pdmtp.core import planner
+from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
+from pdmtp.core.simulate import InvariantViolation, Monitor, SimCluster, Trace, run
+
+MAX_TICKS = 3000
+
+replicas = st.integers(1, 6)
+policies = st.builds(
+    Policy,
+    max_surge=st.integers(0, 3),
+    max_unavailable=st.integers(0, 3),
+    drain_seconds=st.integers(0, 6),
+).filter(lambda p: p.max_surge + p.max_unavailable > 0)
+
+
+def targets(revision: str) -> st.SearchStrategy[Target]:
+    return st.builds(Target, st.just(revision), replicas, replicas, st.integers(1, 3))
+
+
+def assert_only(sim: SimCluster, revision: str) -> None:
+    left = {s.revision for s in sim.observe()}
+    assert left == {revision}, f"revisions left behind: {left}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    start=targets("aaaa"),
+    target=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    ready_chance=st.sampled_from([0.1, 0.5, 1.0]),
+)
+def test_every_rollout_completes_holding_the_invariants(
+    start: Target, target: Target, policy: Policy, seed: int, ready_chance: float
+) -> None:
+    sim = SimCluster.serving("aaaa", start)
+    trace = run(
+        sim,
+        Monitor(start, policy),
+        target,
+        random.Random(seed),
+        max_ticks=MAX_TICKS,
+        ready_chance=ready_chance,
+    )
+    assert trace.complete, f"no completion in {MAX_TICKS} ticks"
+    assert_only(sim, "bbbb")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    c=targets("cccc"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    b_ticks=st.integers(0, 12),
+)
+def test_superseded_rollouts_complete_to_the_last_target(
+    a: Target, b: Target, c: Target, policy: Policy, seed: int, b_ticks: int
+) -> None:
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    monitor = Monitor(a, policy)
+    run(sim, monitor, b, rng, max_ticks=b_ticks)
+    trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS)
+    assert trace.complete
+    assert_only(sim, "cccc")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    back_after=st.integers(0, 10),
+)
+def test_rolling_back_mid_way_returns_to_the_old_revision(
+    a: Target, b: Target, policy: Policy, seed: int, back_after: int
+) -> None:
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    monitor = Monitor(a, policy)
+    run(sim, monitor, b, rng, max_ticks=back_after)
+    assert run(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
+    assert_only(sim, "aaaa")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    ticks=st.integers(0, 30),
+)
+def test_planning_is_idempotent_on_an_unchanged_observation(
+    a: Target, b: Target, policy: Policy, seed: int, ticks: int
+) -> None:
+    """Stateless (invariant 6): re-planning what was just applied, before any pod moves, asks
+    for nothing new, so an operator restarted right after a write does not flip-flop."""
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    run(sim, Monitor(a, policy), b, rng, max_ticks=ticks)
+    first = plan(sim.observe(), b, policy, sim.now)
+    sim.apply(first)
+    second = plan(sim.observe(), b, policy, sim.now)
+    for p in first.revisions:
+        again = second.for_revision(p.revision)
+        if p.delete:
+            continue
+        assert again is not None
+        assert (again.prefill, again.decode, again.router) == (p.prefill, p.decode, p.router)
+        assert again.drain_until == p.drain_until
+
+
+def test_an_incompatible_target_changes_nothing() -> None:
+    observed = [
+        RevisionState("aaaa", RoleState(2, 2, 2), RoleState(3, 3, 3), RoleState(1, 1, 1)),
+        RevisionState(
+            "bbbb", RoleState(1, 1, 0), RoleState(1, 1, 0), RoleState(0, 0, 0), created=5.0
+        ),
+    ]
+    step = plan(observed, Target(None, 4, 4, 1), Policy(1, 0, 10), now=10.0)
+    assert not step.complete
+    for state, p in zip(observed, step.revisions, strict=True):
+        assert (p.prefill, p.decode, p.router, p.delete) == (
+            state.prefill.replicas,
+            state.decode.replicas,
+            state.router.replicas,
+            False,
+        )
+
+
+def test_create_from_nothing_routes_only_once_both_roles_are_ready() -> None:
+    target, policy = Target("aaaa", 2, 3, 1), Policy(1, 0, 0)
+    step = plan([], target, policy, now=0)
+    (p,) = step.revisions
+    assert (p.prefill, p.decode, p.router) == (2, 3, 0)
+    prefill_only = RevisionState("aaaa", RoleState(2, 2, 2), RoleState(3, 3, 0))
+    assert plan([prefill_only], target, policy, 1).revisions[0].router == 0
+    both = replace(prefill_only, decode=RoleState(3, 3, 1))
+    assert plan([both], target, policy, 2).revisions[0].router == 1
+
+
+def test_drain_holds_pods_until_the_deadline_then_retires() -> None:
+    policy = Policy(1, 0, 30)
+    old = RevisionState(
+        "aaaa", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(0, 0, 0), drain_until=130.0
+    )
+    new = RevisionState(
+        "bbbb", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1), created=100.0
+    )
+    target = Target("bbbb", 1, 1, 1)
+    early = plan([old, new], target, policy, now=129.0)
+    assert early.for_revision("aaaa") == planner.RevisionPlan("aaaa", 1, 1, 0, 130.0)
+    assert early.requeue_after == pytest.approx(1.0)
+    late = plan([old, new], target, policy, now=130.0)
+    retired = late.for_revision("aaaa")
+    assert retired is not None and retired.delete
+
+
+def test_a_broken_planner_is_caught_by_the_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks can fail: a planner that retires old revisions without draining them."""
+    real_step_old = planner._step_old
+
+    def hasty(old: RevisionState, *args: object, **kwargs: object) -> object:
+        plan_, left = real_step_old(old, *args, **kwargs)  # type: ignore[arg-type]
+        if plan_.drain_until is not None:
+            plan_ = replace(plan_, delete=True)
+        return plan_, left
+
+    monkeypatch.setattr(planner, "_step_old", hasty)
+    start, policy = Target("aaaa", 2, 2, 1), Policy(1, 0, 5)
+    with pytest.raises(InvariantViolation, match="invariant 4"):
+        run(
+            SimCluster.serving("aaaa", start),
+            Monitor(start, policy),
+            Target("bbbb", 2, 2, 1),
+            random.Random(1),
+        )
+
+
+def test_a_planner_that_ignores_surge_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_plan = planner.plan
+
+    def greedy(observed, target, policy, now):  # type: ignore[no-untyped-def]
+        step = real_plan(observed, target, policy, now)
+        bumped = tuple(
+            replace(p, prefill=target.prefill, decode=target.decode)
+            if p.revision == target.revision
+            else p
+            for p in step.revisions
+        )
+        return replace(step, revisions=bumped)
+
+    monkeypatch.setattr("pdmtp.core.simulate.plan", greedy)
+    start, policy = Target("aaaa", 3, 3, 1), Policy(1, 0, 0)
+    with pytest.raises(InvariantViolation, match="invariant 3"):
+        run(
+            SimCluster.serving("aaaa", start),
+            Monitor(start, policy),
+            Target("bbbb", 3, 3, 1),
+            random.Random(1),
+        )
+
+
+def test_trace_of_a_simple_roll() -> None:
+    start, policy = Target("aaaa", 1, 1, 1), Policy(1, 0, 2)
+    trace = Trace()
+    sim = SimCluster.serving("aaaa", start)
+    run(
+        sim,
+        Monitor(start, policy),
+        Target("bbbb", 1, 1, 1),
+        random.Random(0),
+        ready_chance=1.0,
+        trace=trace,
+    )
+    assert trace.complete
+    # create, ready+route, unroute, drain 2s, retire, complete: a handful of steps.
+    assert 5 <= len(trace.steps) <= 10

@@ -1,0 +1,189 @@
+"""Rendering: names, labels, GPUs, env, probes and engine flags of every child."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from pdmtp.core import vocabulary as v
+from pdmtp.core.agreement import check
+from pdmtp.core.render import (
+    RevisionReplicas,
+    engine_args,
+    revision_children,
+    router_deployment,
+    shared_children,
+)
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.router import Membership, Prefill
+
+
+def children(b: PDDBuilder, membership: Membership | None = None) -> dict[str, dict[str, Any]]:
+    obj = b.build()
+    spec = obj.spec
+    replicas = RevisionReplicas(spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
+    rev = compat_revision(spec)
+    rendered = [
+        *shared_children(obj),
+        *revision_children(obj, rev, replicas, check(spec), membership),
+    ]
+    return {f"{c['kind']}/{c['metadata']['name']}": c for c in rendered}
+
+
+def engine(objs: dict[str, dict[str, Any]], role: str) -> dict[str, Any]:
+    (d,) = [o for k, o in objs.items() if k.startswith("Deployment/") and k.endswith(role)]
+    return d
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    c: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_names_are_deterministic_and_revisioned() -> None:
+    b = pdd("inkling").mtp(3, modules=3)
+    rev = compat_revision(b.build().spec)
+    assert set(children(b)) == {
+        "Service/inkling",
+        "NetworkPolicy/inkling-pd",
+        "ServiceAccount/inkling-router",
+        f"Deployment/inkling-{rev}-prefill",
+        f"Deployment/inkling-{rev}-decode",
+        f"Deployment/inkling-{rev}-router",
+    }
+    assert children(b) == children(b)
+
+
+def test_labels_selectors_and_owner_references() -> None:
+    objs = children(pdd("x"))
+    rev = compat_revision(pdd("x").build().spec)
+    for role in ("prefill", "decode", "router"):
+        d = engine(objs, role)
+        selector = d["spec"]["selector"]["matchLabels"]
+        assert selector == {v.LABEL_NAME: "x", v.LABEL_ROLE: role, v.LABEL_REVISION: rev}
+        labels = d["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+    for obj in objs.values():
+        (owner,) = obj["metadata"]["ownerReferences"]
+        assert owner["kind"] == "PDDeployment" and owner["controller"] is True
+        assert owner["uid"] and obj["metadata"]["labels"][v.LABEL_NAME] == "x"
+
+
+def test_gpus_are_tp_times_pp_and_rdma_brings_ipc_lock() -> None:
+    objs = children(pdd().prefill(tp=8, pipelineParallelSize=2).decode(tp=4).rdma("mlx5_0"))
+    p, d = container(engine(objs, "prefill")), container(engine(objs, "decode"))
+    assert p["resources"]["limits"][v.GPU_RESOURCE] == 16
+    assert d["resources"]["requests"][v.GPU_RESOURCE] == 4
+    assert p["resources"]["limits"][v.RDMA_RESOURCE] == 1
+    assert p["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    tcp = container(engine(children(pdd()), "prefill"))
+    assert "capabilities" not in tcp["securityContext"]
+    assert v.RDMA_RESOURCE not in tcp["resources"]["limits"]
+
+
+def test_engine_env_downward_api_and_expectations() -> None:
+    objs = children(pdd().mtp(3, modules=3))
+    env = {e["name"]: e for e in container(engine(objs, "decode"))["env"]}
+    assert env[v.ENV_VLLM_HOST_IP]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env[v.ENV_MOONCAKE_BOOTSTRAP_PORT]["value"] == "8998"
+    assert env[v.ENV_EXPECTED_LOOKAHEAD]["value"] == "3"
+    assert env[v.ENV_EXPECTED_BACKOFF]["value"] == "2"
+    assert env[v.ENV_ROLE]["value"] == "decode"
+
+
+def test_unknown_lookahead_sets_no_expectation() -> None:
+    env = {e["name"] for e in container(engine(children(pdd().mtp(3)), "prefill"))["env"]}
+    assert v.ENV_EXPECTED_LOOKAHEAD not in env and v.ENV_EXPECTED_BACKOFF not in env
+
+
+@pytest.mark.parametrize(
+    ("role", "kv_role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")]
+)
+def test_engine_flags_load_the_fixed_connector(role: str, kv_role: str) -> None:
+    spec = pdd().mtp(2, modules=2).rdma("mlx5_0", "mlx5_1").build().spec
+    args = engine_args(spec, role)
+    assert args[:3] == ["vllm", "serve", "org/model"]
+    kv = json.loads(flag(args, "--kv-transfer-config"))
+    assert kv == {
+        "kv_connector": "BackoffMooncakeConnector",
+        "kv_connector_module_path": "pdmtp_engine.connector",
+        "kv_role": kv_role,
+        "kv_connector_extra_config": {
+            "mooncake_protocol": "rdma",
+            "mooncake_device_name": "mlx5_0,mlx5_1",
+        },
+    }
+    assert json.loads(flag(args, "--speculative-config")) == {
+        "method": "mtp",
+        "num_speculative_tokens": 2,
+    }
+
+
+def test_role_k_override_and_extra_args_land_on_that_role_only() -> None:
+    spec = pdd().mtp(1, modules=1).prefill(k=3, extra_args=["--enforce-eager"]).build().spec
+    p, d = engine_args(spec, "prefill"), engine_args(spec, "decode")
+    assert json.loads(flag(p, "--speculative-config"))["num_speculative_tokens"] == 3
+    assert json.loads(flag(d, "--speculative-config"))["num_speculative_tokens"] == 1
+    assert p[-1] == "--enforce-eager" and "--enforce-eager" not in d
+
+
+def test_no_speculation_renders_no_speculative_config() -> None:
+    assert "--speculative-config" not in engine_args(pdd().no_speculation().build().spec, "decode")
+
+
+def test_pods_survive_model_loads_and_drain_gracefully() -> None:
+    d = engine(children(pdd().rollout(drainSeconds=90)), "prefill")
+    pod = d["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    assert pod["terminationGracePeriodSeconds"] >= 90
+    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == 90
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+
+
+def test_prefill_advertises_its_bootstrap_port() -> None:
+    objs = children(pdd().set(kvTransfer={"protocol": "tcp", "bootstrapPort": 9100}))
+    p = engine(objs, "prefill")
+    assert p["spec"]["template"]["metadata"]["annotations"][v.ANNOTATION_BOOTSTRAP_PORT] == "9100"
+    ports = {x["name"]: x["containerPort"] for x in container(p)["ports"]}
+    assert ports == {"http": v.ENGINE_HTTP_PORT, "bootstrap": 9100}
+
+
+def test_network_policy_allows_all_tcp_between_p_and_d_and_router_to_engines() -> None:
+    np = children(pdd("x"))["NetworkPolicy/x-pd"]["spec"]
+    peers, routers = np["ingress"]
+    assert peers["ports"] == [{"protocol": "TCP"}]
+    assert peers["from"][0]["podSelector"] == np["podSelector"]
+    assert np["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    assert {p["port"] for p in routers["ports"]} == {v.ENGINE_HTTP_PORT, 8998}
+
+
+def test_client_service_selects_routers_of_every_revision() -> None:
+    svc = children(pdd("x"))["Service/x"]["spec"]
+    assert svc["selector"] == {v.LABEL_NAME: "x", v.LABEL_ROLE: "router"}
+
+
+def test_router_lists_exactly_its_membership_and_stays_down_without_one() -> None:
+    obj = pdd("x").build()
+    members = Membership(
+        (Prefill("http://192.0.2.1:8000", 8998),), ("http://192.0.2.2:8000",), "t1"
+    )
+    up = router_deployment(obj, "rev1", 2, members)
+    args = container(up)["args"]
+    assert flag(args, "--prefill") == "http://192.0.2.1:8000" and flag(args, "--decode")
+    assert up["spec"]["replicas"] == 2
+    tmpl = up["spec"]["template"]
+    assert tmpl["metadata"]["annotations"][v.ANNOTATION_ROUTER_MEMBERSHIP] == "t1"
+    assert tmpl["spec"]["automountServiceAccountToken"] is False
+    down = router_deployment(obj, "rev1", 2, Membership((), ("http://192.0.2.2:8000",), "t2"))
+    assert down["spec"]["replicas"] == 0
+    drained = router_deployment(obj, "rev1", 0, members, drain_until="2026-01-01T00:00:00Z")
+    assert drained["metadata"]["annotations"][v.ANNOTATION_DRAIN_UNTIL] == "2026-01-01T00:00:00Z"
