@@ -15,6 +15,7 @@ from pydantic.alias_generators import to_camel
 from pdmtp.core import vocabulary as v
 from pdmtp.core.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.core.lookahead import LOOKAHEAD_METHODS, MTP_METHOD_ALIASES
+from pdmtp.core.router import ROUTER_POLICIES
 
 CEL_KEY = "x-kubernetes-validations"
 MAX_NAME_LENGTH = 40
@@ -48,7 +49,6 @@ SPECULATIVE_METHODS: tuple[str, ...] = tuple(
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
 OWNED_ENV = (
     v.ENV_VLLM_HOST_IP,
     v.ENV_MOONCAKE_BOOTSTRAP_PORT,
