@@ -39,8 +39,12 @@ lint: venv ## ruff, mypy --strict, import-linter (core stays pure)
 test-unit: venv ## Unit tier: pure core, CLI, CRD drift (seconds)
 	$(PY) -m pytest tests/unit -q
 
+.PHONY: test-router
+test-router: venv ## Router tier: real vllm-router 0.1.17 against emulated engines on loopback (~1 min)
+	$(PY) -m pytest tests/router -q -m router
+
 .PHONY: test
-test: lint test-unit ## Every tier CI runs: lint, unit (more tiers join as they land)
+test: lint test-unit test-router ## Every tier CI runs
 
 .PHONY: clean
 clean: ## Remove .venv and local state (keeps the binary cache in ~/.cache/pdmtp)

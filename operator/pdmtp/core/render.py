@@ -301,6 +301,7 @@ def router_deployment(
             {"name": "http", "containerPort": v.ROUTER_HTTP_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": v.ROUTER_METRICS_PORT, "protocol": "TCP"},
         ],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "readinessProbe": _probe(ROUTER_READINESS_PATH, 2, 3),
         "livenessProbe": _probe(ROUTER_LIVENESS_PATH, 10, 3),
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
@@ -318,6 +319,8 @@ def router_deployment(
         },
         "spec": {
             "containers": [container],
+            # The root filesystem is read-only; the router may still want a scratch /tmp.
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
             "serviceAccountName": names.router_account(name),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
