@@ -318,6 +318,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # ---- crd / run --------------------------------------------------------------------------------
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    # Imported here: the offline commands must not need a cluster client or kopf.
+    import logging
+
+    from pdmtp.controller import Options, run
+    from pdmtp.kube import Kube, load_client
+    from pdmtp.metrics import Metrics
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    namespaces = () if args.all_namespaces else tuple(args.namespace or ["default"])
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    options = Options(
+        namespaces=namespaces, resync_seconds=args.resync_seconds, workers=args.workers
+    )
+    run(Kube(load_client(args.kubeconfig)), options, metrics, liveness=args.liveness)
+    return 0
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     print(crd_yaml(), end="")
     return 0
@@ -358,6 +381,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="chance a starting pod turns ready each simulated second",
     )
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("run", help="run the operator")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeat)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p.add_argument("--kubeconfig", help="default: in-cluster, then $KUBECONFIG")
+    p.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=30.0,
+        help="re-reconcile every PDDeployment this often (pod churn, drains)",
+    )
+    p.add_argument("--workers", type=int, default=4, help="PDDeployments reconciled at once")
+    p.add_argument("--metrics-port", type=int, default=9090, help="0 turns metrics off")
+    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8081/healthz",
+        help="kopf liveness endpoint URL (empty: none)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=cmd_run)
     return parser
 
 

@@ -252,10 +252,13 @@ def _deployment(
             "selector": {"matchLabels": names.selector(name, revision, role)},
             "strategy": {
                 "type": "RollingUpdate",
-                "rollingUpdate": {
-                    "maxSurge": rollout.max_surge,
-                    "maxUnavailable": rollout.max_unavailable,
-                },
+                # Routers restart whenever their engines change: always bring the new one up
+                # before the old one goes, so a serving revision never loses its router.
+                "rollingUpdate": (
+                    {"maxSurge": 1, "maxUnavailable": 0}
+                    if role == "router"
+                    else {"maxSurge": rollout.max_surge, "maxUnavailable": rollout.max_unavailable}
+                ),
             },
             "revisionHistoryLimit": 2,
             "template": template,

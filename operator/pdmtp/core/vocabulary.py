@@ -33,6 +33,8 @@ ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
 """RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
 ANNOTATION_ROUTER_MEMBERSHIP: Final = f"{GROUP}/router-membership"
 """Token of the engines a router was started with: a change restarts the router (docs/router.md)."""
+ANNOTATION_APPLIED_HASH: Final = f"{GROUP}/applied-hash"
+"""Hash of the manifest last applied to a child: equal means nothing to write (idle = no writes)."""
 ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
 
 # Environment variables the rendered engine pods carry. The engine launcher (images/engine)
@@ -42,6 +44,9 @@ ENV_EXPECTED_BACKOFF: Final = "PDMTP_EXPECTED_PREFILL_BACKOFF"
 ENV_ROLE: Final = "PDMTP_ROLE"
 ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
 ENV_MOONCAKE_BOOTSTRAP_PORT: Final = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+
+LAUNCHER_REFUSED_EXIT_CODE: Final = 3
+"""Exit code of the engine launcher when it refuses a config (images/engine launcher)."""
 
 # Ports inside the pods.
 ENGINE_HTTP_PORT: Final = 8000

@@ -1,0 +1,240 @@
+"""The one adapter over the Kubernetes API: list a PDDeployment's children, apply, scale, delete,
+patch status. Raw JSON in and out (the core reads plain camelCase dicts), retries on conflicts,
+throttling and server errors; AlreadyExists and NotFound are not errors where they mean "done".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from kubernetes import client, config
+
+from pdmtp.core import vocabulary as v
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "pdmtp"
+RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
+T = TypeVar("T")
+
+# kind -> (API prefix, plural)
+RESOURCES: Mapping[str, tuple[str, str]] = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "ServiceAccount": ("/api/v1", "serviceaccounts"),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    v.KIND: (f"/apis/{v.API_VERSION}", v.PLURAL),
+}
+SHARED_KINDS = ("Service", "NetworkPolicy", "ServiceAccount")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, body: str) -> None:
+        super().__init__(f"{status} {reason}: {body[:500]}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+
+@dataclass
+class RequestCounter:
+    """Requests by verb, for the idle-cost and scale figures."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add(self, verb: str) -> None:
+        self.counts[verb] = self.counts.get(verb, 0) + 1
+
+    @property
+    def writes(self) -> int:
+        return sum(n for verb, n in self.counts.items() if verb not in ("GET", "LIST"))
+
+
+def load_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    return client.ApiClient(configuration)
+
+
+def path(kind: str, namespace: str, name: str | None = None, subresource: str = "") -> str:
+    prefix, plural = RESOURCES[kind]
+    p = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    if name is not None:
+        p += f"/{quote(name)}"
+    return p + (f"/{subresource}" if subresource else "")
+
+
+class Kube:
+    """Synchronous calls (the controller runs them in a worker thread)."""
+
+    def __init__(self, api: client.ApiClient, attempts: int = 5, base_delay: float = 0.2) -> None:
+        self.api = api
+        self.attempts = attempts
+        self.base_delay = base_delay
+        self.requests = RequestCounter()
+
+    def _request(
+        self,
+        method: str,
+        resource_path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        verb: str | None = None,
+    ) -> dict[str, Any]:
+        def once() -> dict[str, Any]:
+            self.requests.add(verb or method)
+            m, url, headers, payload, _ = self.api.param_serialize(
+                method,
+                resource_path,
+                query_params=list((query or {}).items()),
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(m, url, header_params=headers, body=payload)
+            raw = response.read()  # type: ignore[no-untyped-call]
+            text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+            if response.status >= 300:
+                raise ApiError(response.status, response.reason or "", text)
+            return json.loads(text) if text else {}
+
+        return self._retrying(once)
+
+    def _retrying(self, call: Callable[[], T]) -> T:
+        for attempt in range(self.attempts):
+            try:
+                return call()
+            except ApiError as e:
+                if e.status not in RETRIED_STATUSES or attempt == self.attempts - 1:
+                    raise
+                delay = self.base_delay * 2**attempt * (1 + random.random())
+                log.info("Retrying after %s (attempt %d, %.2fs)", e.status, attempt + 1, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def list_objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = self._request(
+            "GET", path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
+        )
+        items: list[dict[str, Any]] = result.get("items") or []
+        for item in items:
+            item.setdefault("kind", kind)
+        return items
+
+    def children(
+        self, namespace: str, name: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        """Deployments, pods and shared children carrying `pdmtp.io/name=<name>`."""
+        selector = f"{v.LABEL_NAME}={name}"
+        deployments = self.list_objects("Deployment", namespace, selector)
+        pods = self.list_objects("Pod", namespace, selector)
+        others = [o for kind in SHARED_KINDS for o in self.list_objects(kind, namespace, selector)]
+        return deployments, pods, others
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._request("GET", path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply: creates or updates, owning the fields we render."""
+        meta = manifest["metadata"]
+        return self._request(
+            "PATCH",
+            path(manifest["kind"], meta["namespace"], meta["name"]),
+            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body=manifest,
+            content_type="application/apply-patch+yaml",
+        )
+
+    def scale(self, namespace: str, name: str, replicas: int) -> None:
+        try:
+            self._request(
+                "PATCH",
+                path("Deployment", namespace, name),
+                body={"spec": {"replicas": replicas}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            self._request(
+                "DELETE",
+                path(kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiError as e:
+            if e.status != 404:
+                raise
+
+    def event(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about `obj` (shown by `kubectl describe`)."""
+        meta = obj.get("metadata") or {}
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        body = {
+            "metadata": {
+                "generateName": f"{meta.get('name', 'pdmtp')}.",
+                "namespace": meta.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", v.API_VERSION),
+                "kind": obj.get("kind", v.KIND),
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._request(
+            "POST", f"/api/v1/namespaces/{quote(meta.get('namespace', ''))}/events", body=body
+        )
+
+    def patch_status(
+        self, namespace: str, name: str, new: Mapping[str, Any], old: Mapping[str, Any]
+    ) -> None:
+        """Replace .status with `new` (a merge patch that also clears fields `new` dropped)."""
+        patch: dict[str, Any] = {k: None for k in old if k not in new}
+        patch.update(new)
+        try:
+            self._request(
+                "PATCH",
+                path(v.KIND, namespace, name, "status"),
+                body={"status": patch},
+                content_type="application/merge-patch+json",
+            )
+        except ApiError as e:
+            if e.status != 404:  # deleted meanwhile: nothing to report on
+                raise

@@ -1,0 +1,104 @@
+"""Prometheus metrics of the operator: reconciles, their durations, validation failures by
+reason, and rollout progress per PDDeployment."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pdmtp.core import vocabulary as v
+
+if TYPE_CHECKING:
+    from pdmtp.core.reconcile import Decision
+
+LABELS = ("namespace", "name")
+
+
+class Metrics:
+    """The operator's metrics, in a registry of their own (tests build as many as they like)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.reconciles = Counter(
+            "pdmtp_reconcile_total", "Reconciles run.", LABELS, registry=self.registry
+        )
+        self.reconcile_errors = Counter(
+            "pdmtp_reconcile_errors_total",
+            "Reconciles that failed and were retried.",
+            LABELS,
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "pdmtp_reconcile_duration_seconds",
+            "Time to observe, decide, apply and report.",
+            registry=self.registry,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.writes = Counter(
+            "pdmtp_child_writes_total",
+            "Child objects created, updated, scaled or deleted.",
+            (*LABELS, "action"),
+            registry=self.registry,
+        )
+        self.validation_failures = Counter(
+            "pdmtp_validation_failures_total",
+            "Reconciles that found the spec incompatible, by reason.",
+            (*LABELS, "reason"),
+            registry=self.registry,
+        )
+        self.compatible = Gauge(
+            "pdmtp_config_compatible",
+            "1 when both roles agree on the MTP lookahead.",
+            LABELS,
+            registry=self.registry,
+        )
+        self.revisions = Gauge(
+            "pdmtp_revisions",
+            "Revisions with workloads (2+ during a rollout).",
+            LABELS,
+            registry=self.registry,
+        )
+        self.progress = Gauge(
+            "pdmtp_rollout_progress_ratio",
+            "Ready engine pods at the update revision over desired engine pods.",
+            LABELS,
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "pdmtp_ready_pods",
+            "Ready pods by role (all revisions).",
+            (*LABELS, "role"),
+            registry=self.registry,
+        )
+
+    def serve(self, port: int, address: str) -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+
+    def observe(self, namespace: str, name: str, decision: Decision, seconds: float) -> None:
+        self.reconciles.labels(namespace, name).inc()
+        self.duration.observe(seconds)
+        for action in decision.actions:
+            self.writes.labels(namespace, name, type(action).__name__.lower()).inc()
+        agreement = decision.agreement
+        if agreement is not None:
+            self.compatible.labels(namespace, name).set(1 if agreement.compatible else 0)
+            for finding in agreement.findings:
+                self.validation_failures.labels(namespace, name, finding.reason).inc()
+        roles = {r["name"]: r for r in decision.status.get("roles", [])}
+        self.revisions.labels(namespace, name).set(len(decision.status.get("revisions", [])))
+        desired = sum(roles.get(r, {}).get("desiredReplicas", 0) for r in v.ENGINE_ROLES)
+        updated = sum(roles.get(r, {}).get("updatedReplicas", 0) for r in v.ENGINE_ROLES)
+        self.progress.labels(namespace, name).set(min(1.0, updated / desired) if desired else 0)
+        for role, counts in roles.items():
+            self.ready.labels(namespace, name, role).set(counts.get("readyReplicas", 0))
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted PDDeployment's series."""
+        for gauge in (self.compatible, self.revisions, self.progress):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
+        for role in ("prefill", "decode", "router"):
+            with contextlib.suppress(KeyError):
+                self.ready.remove(namespace, name, role)

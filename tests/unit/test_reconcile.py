@@ -1,0 +1,204 @@
+"""core.reconcile.decide over hand-built API objects: what the shell would write, and status."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from builders import PDDBuilder, pdd
+from pdmtp.core import reasons
+from pdmtp.core import vocabulary as v
+from pdmtp.core.conditions import ConditionUpdate, find, set_conditions
+from pdmtp.core.reconcile import Apply, Decision, Delete, Observed, Scale, decide
+from pdmtp.core.revision import compat_revision
+
+NOW = 1_800_000_000.0
+
+
+def body(b: PDDBuilder, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    obj = b.dict()
+    obj["metadata"].update(namespace="ns", uid="u-1", generation=1)
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def applied(decision: Decision) -> dict[str, dict[str, Any]]:
+    """What the cluster holds after the decision's applies (as the API server would echo it)."""
+    out = {}
+    for a in decision.actions:
+        if isinstance(a, Apply):
+            m = copy.deepcopy(a.manifest)
+            m["metadata"]["creationTimestamp"] = "2027-01-15T08:00:00Z"
+            out[a.key] = m
+    return out
+
+
+def pods_for(
+    deployment: dict[str, Any], ready: bool = True, ip_base: int = 10
+) -> list[dict[str, Any]]:
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    anns = deployment["spec"]["template"]["metadata"].get("annotations", {})
+    return [
+        {
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{deployment['metadata']['name']}-{i}",
+                "namespace": "ns",
+                "labels": labels,
+                "annotations": anns,
+                "uid": f"p{i}",
+            },
+            "status": {
+                "phase": "Running",
+                "podIP": f"192.0.2.{ip_base + i}",
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
+        for i in range(deployment["spec"]["replicas"])
+    ]
+
+
+def split(objs: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
+    deployments = [o for k, o in objs.items() if k.startswith("Deployment/")]
+    others = [o for k, o in objs.items() if not k.startswith("Deployment/")]
+    return deployments, others
+
+
+def test_create_renders_everything_and_waits_for_ready_pods() -> None:
+    d = decide(Observed(body(pdd("x"))), NOW)
+    kinds = sorted(a.key.split("/")[0] for a in d.actions if isinstance(a, Apply))
+    assert kinds == ["Deployment"] * 3 + ["NetworkPolicy", "Service", "ServiceAccount"]
+    router = next(
+        a.manifest
+        for a in d.actions
+        if isinstance(a, Apply) and a.key.startswith("Deployment/") and a.key.endswith("router")
+    )
+    assert router["spec"]["replicas"] == 0
+    conds = {c["type"]: c for c in d.status["conditions"]}
+    assert conds["ConfigCompatible"]["status"] == "True"
+    assert conds["Available"]["reason"] == reasons.NO_SERVING_REVISION
+    assert conds["Progressing"]["status"] == "True"
+    assert conds["Degraded"]["status"] == "False"
+    assert d.status["observedGeneration"] == 1 and d.status["lookahead"]["decode"] == 1
+    assert {e.reason for e in d.events} >= {"Created"}
+
+
+def test_ready_pods_bring_the_router_up_and_then_nothing_more_to_write() -> None:
+    b = pdd("x")
+    first = decide(Observed(body(b)), NOW)
+    objs = applied(first)
+    deployments, others = split(objs)
+    pods = [
+        p
+        for dep in deployments
+        if not dep["metadata"]["name"].endswith("router")
+        for p in pods_for(dep)
+    ]
+    second = decide(Observed(body(b, first.status), deployments, pods, others), NOW + 5)
+    (router,) = [a for a in second.actions if isinstance(a, Apply)]
+    args = router.manifest["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert router.manifest["spec"]["replicas"] == 1
+    assert "http://192.0.2.10:8000" in args
+    objs.update(applied(second))
+    deployments, others = split(objs)
+    pods += pods_for(objs[router.key], ip_base=50)
+    third = decide(Observed(body(b, second.status), deployments, pods, others), NOW + 9)
+    assert third.actions == ()
+    assert find(third.status["conditions"], "Available")["status"] == "True"  # type: ignore[index]
+    assert find(third.status["conditions"], "Progressing")["reason"] == reasons.ROLLOUT_COMPLETE  # type: ignore[index]
+    fourth = decide(Observed(body(b, third.status), deployments, pods, others), NOW + 60)
+    assert fourth.actions == () and not fourth.status_changed and fourth.events == ()
+
+
+def test_incompatible_spec_writes_nothing_but_status() -> None:
+    good = pdd("x").mtp(3)
+    first = decide(Observed(body(good)), NOW)
+    deployments, others = split(applied(first))
+    bad = pdd("x").mtp(3).prefill(k=2)
+    d = decide(Observed(body(bad, first.status), deployments, [], others), NOW + 1)
+    assert d.actions == ()
+    cond = find(d.status["conditions"], "ConfigCompatible")
+    assert cond is not None and cond["status"] == "False"
+    assert cond["reason"] == reasons.MTP_MODULES_UNKNOWN
+    assert find(d.status["conditions"], "Progressing")["reason"] == reasons.ROLLOUT_BLOCKED  # type: ignore[index]
+    assert d.status["updateRevision"] == compat_revision(good.build().spec)
+    assert any(e.type == "Warning" and e.reason == reasons.MTP_MODULES_UNKNOWN for e in d.events)
+
+
+def test_a_new_revision_scales_old_workloads_without_touching_their_templates() -> None:
+    old_spec = pdd("x").prefill(replicas=2).decode(replicas=2)
+    first = decide(Observed(body(old_spec)), NOW)
+    objs = applied(first)
+    deployments, others = split(objs)
+    pods = [p for dep in deployments for p in pods_for(dep)]
+    # Routers of the old revision come up.
+    rolled = decide(Observed(body(old_spec, first.status), deployments, pods, others), NOW + 1)
+    objs.update(applied(rolled))
+    deployments, others = split(objs)
+    router = next(
+        o for k, o in objs.items() if k.startswith("Deployment/") and k.endswith("router")
+    )
+    pods = [p for dep in deployments if dep is not router for p in pods_for(dep)]
+    pods += pods_for(router, ip_base=80)
+    new_spec = pdd("x").prefill(replicas=2).decode(replicas=2).mtp(2, modules=1)
+    d = decide(Observed(body(new_spec, rolled.status), deployments, pods, others), NOW + 2)
+    new_rev = compat_revision(new_spec.build().spec)
+    created = [a.key for a in d.actions if isinstance(a, Apply) and not a.exists]
+    assert (
+        f"Deployment/x-{new_rev}-prefill" in created and f"Deployment/x-{new_rev}-decode" in created
+    )
+    assert not [a for a in d.actions if isinstance(a, (Scale, Delete))]
+    assert find(d.status["conditions"], "Progressing")["status"] == "True"  # type: ignore[index]
+
+
+def test_a_refused_engine_start_degrades_with_the_launcher_message() -> None:
+    b = pdd("x")
+    first = decide(Observed(body(b)), NOW)
+    deployments, others = split(applied(first))
+    pods = pods_for(deployments[0], ready=False)
+    pods[0]["status"]["containerStatuses"] = [
+        {
+            "name": "engine",
+            "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {
+                "terminated": {
+                    "exitCode": v.LAUNCHER_REFUSED_EXIT_CODE,
+                    "message": "lookahead mismatch: operator expects 3, vLLM computes 1",
+                }
+            },
+        }
+    ]
+    d = decide(Observed(body(b, first.status), deployments, pods, others), NOW + 3)
+    cond = find(d.status["conditions"], "Degraded")
+    assert cond is not None and cond["status"] == "True"
+    assert cond["reason"] == reasons.ENGINE_REFUSED_CONFIG
+    assert "lookahead mismatch: operator expects 3" in cond["message"]
+
+
+def test_condition_times_move_only_when_status_flips() -> None:
+    up = ConditionUpdate("Available", "True", "A", "m1")
+    conds, flips = set_conditions([], [up], 1, "t1")
+    assert conds[0]["lastTransitionTime"] == "t1" and len(flips) == 1
+    conds, flips = set_conditions(conds, [ConditionUpdate("Available", "True", "B", "m2")], 2, "t2")
+    assert conds[0]["lastTransitionTime"] == "t1" and flips == []
+    assert (conds[0]["reason"], conds[0]["message"], conds[0]["observedGeneration"]) == (
+        "B",
+        "m2",
+        2,
+    )
+    conds, flips = set_conditions(
+        conds, [ConditionUpdate("Available", "False", "C", "m3")], 2, "t3"
+    )
+    assert conds[0]["lastTransitionTime"] == "t3" and flips[0].old == "True"
+
+
+def test_unusable_body_reports_invalid_spec() -> None:
+    broken = body(pdd("x"))
+    broken["spec"]["prefill"]["replicas"] = "many"
+    d = decide(Observed(broken), NOW)
+    assert d.actions == ()
+    cond = find(d.status["conditions"], "ConfigCompatible")
+    assert cond is not None and cond["reason"] == reasons.INVALID_SPEC
+    assert "spec.prefill.replicas" in cond["message"]
