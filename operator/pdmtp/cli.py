@@ -337,7 +337,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = Options(
         namespaces=namespaces, resync_seconds=args.resync_seconds, workers=args.workers
     )
-    run(Kube(load_client(args.kubeconfig)), options, metrics, liveness=args.liveness)
+    kube = Kube(
+        load_client(args.kubeconfig),
+        on_request=lambda verb: metrics.api_requests.labels(verb).inc(),
+    )
+    run(kube, options, metrics, liveness=args.liveness or None)
     return 0
 
 

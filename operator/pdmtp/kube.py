@@ -10,7 +10,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -44,20 +43,6 @@ class ApiError(Exception):
         self.body = body
 
 
-@dataclass
-class RequestCounter:
-    """Requests by verb, for the idle-cost and scale figures."""
-
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def add(self, verb: str) -> None:
-        self.counts[verb] = self.counts.get(verb, 0) + 1
-
-    @property
-    def writes(self) -> int:
-        return sum(n for verb, n in self.counts.items() if verb not in ("GET", "LIST"))
-
-
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
     """In-cluster config when running in a pod, else the kubeconfig."""
     configuration = client.Configuration()
@@ -81,11 +66,17 @@ def path(kind: str, namespace: str, name: str | None = None, subresource: str = 
 class Kube:
     """Synchronous calls (the controller runs them in a worker thread)."""
 
-    def __init__(self, api: client.ApiClient, attempts: int = 5, base_delay: float = 0.2) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        attempts: int = 5,
+        base_delay: float = 0.2,
+        on_request: Callable[[str], None] | None = None,
+    ) -> None:
         self.api = api
         self.attempts = attempts
         self.base_delay = base_delay
-        self.requests = RequestCounter()
+        self.on_request = on_request
 
     def _request(
         self,
@@ -98,7 +89,8 @@ class Kube:
         verb: str | None = None,
     ) -> dict[str, Any]:
         def once() -> dict[str, Any]:
-            self.requests.add(verb or method)
+            if self.on_request is not None:
+                self.on_request(verb or method)
             m, url, headers, payload, _ = self.api.param_serialize(
                 method,
                 resource_path,

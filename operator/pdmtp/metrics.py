@@ -36,6 +36,12 @@ class Metrics:
             registry=self.registry,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+        self.api_requests = Counter(
+            "pdmtp_api_requests_total",
+            "Kubernetes API requests of the reconciler, by verb.",
+            ("verb",),
+            registry=self.registry,
+        )
         self.writes = Counter(
             "pdmtp_child_writes_total",
             "Child objects created, updated, scaled or deleted.",
