@@ -1,0 +1,128 @@
+"""docs/api-reference.md is generated from the CRD, committed, complete and free of drift."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pdmtp.api.crd import PRINTER_COLUMNS, openapi_schema
+from pdmtp.api.docs import field_reference, reason_groups, type_name
+from pdmtp.api.v1alpha1 import CEL_KEY
+from pdmtp.core import reasons
+
+COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
+
+
+def field_paths(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every named field below `schema`, as the reference spells it (`a.b[].c`)."""
+    for name, sub in schema.get("properties", {}).items():
+        sub_path = f"{path}.{name}" if path else name
+        yield sub_path, sub
+        yield from field_paths(sub, sub_path)
+        if isinstance(sub.get("items"), dict):
+            yield from field_paths(sub["items"], f"{sub_path}[]")
+
+
+@pytest.fixture(scope="module")
+def reference() -> str:
+    return field_reference()
+
+
+def row(reference: str, path: str) -> list[str]:
+    """The table cells of one field's row: field, type, required, default, constraints, text."""
+    prefix = f"| `{path}` |"
+    (line,) = [line for line in reference.splitlines() if line.startswith(prefix)]
+    return [cell.strip() for cell in line.strip("|").split(" | ")]
+
+
+def test_committed_reference_matches_the_model(reference: str) -> None:
+    assert COMMITTED.read_text() == reference, "docs/ drifted: run `make docs` and commit"
+
+
+def test_output_is_deterministic(reference: str) -> None:
+    assert field_reference() == reference
+    assert reference.endswith("\n") and not reference.endswith("\n\n")
+    assert "Do not edit" in reference.splitlines()[0]
+
+
+def test_every_spec_and_status_field_has_a_row(reference: str) -> None:
+    schema = openapi_schema()
+    paths = [p for p, _ in field_paths(schema) if p.startswith(("spec.", "status."))]
+    assert "spec.prefill.env[].name" in paths  # the walk reaches list items
+    for path in paths:
+        assert row(reference, path), path
+
+
+def test_known_field_shows_its_default_bounds_and_description(reference: str) -> None:
+    field, kind, required, default, bounds, text = row(reference, "spec.rollout.drainSeconds")
+    assert (field, kind, required, default) == (
+        "`spec.rollout.drainSeconds`",
+        "integer",
+        "no",
+        "`60`",
+    )
+    assert bounds == "min 0; max 3600"
+    assert text.startswith("Seconds an old revision keeps its pods")
+
+    cells = row(reference, "spec.engine.blockSize")
+    assert cells[3] == "`16`" and "one of `8`, `16`, `32`, `64`, `128`" in cells[4]
+    assert row(reference, "spec.model.name")[2] == "yes"
+    assert row(reference, "spec.prefill.env")[1] == "list of object"
+    assert row(reference, "spec.prefill.resources.requests")[1] == (
+        "map of string to int-or-string"
+    )
+    assert "list-map keyed by `type`" in row(reference, "status.conditions")[4]
+
+
+def test_every_cel_rule_and_message_is_listed(reference: str) -> None:
+    def rules(node: dict[str, Any]) -> Iterator[dict[str, str]]:
+        yield from node.get(CEL_KEY, [])
+        for sub in node.get("properties", {}).values():
+            yield from rules(sub)
+        if isinstance(node.get("items"), dict):
+            yield from rules(node["items"])
+
+    found = list(rules(openapi_schema()))
+    assert len(found) >= 7
+    for rule in found:
+        assert f"  {rule['rule']}\n" in reference, rule["rule"]
+        assert rule["message"] in reference, rule["message"]
+
+
+def test_printer_columns_condition_types_and_every_reason(reference: str) -> None:
+    for column in PRINTER_COLUMNS:
+        assert f"| {column['name']} | {column['type']} |" in reference
+    for ctype in reasons.CONDITION_TYPES:
+        assert f"| `{ctype}` |" in reference
+    constants = [
+        value
+        for name, value in vars(reasons).items()
+        if name.isupper() and isinstance(value, str) and value not in reasons.CONDITION_TYPES
+    ]
+    grouped = [r for _, values in reason_groups() for r in values]
+    assert sorted(grouped) == sorted(constants), "a reason is outside every group of reasons.py"
+    for reason in constants:
+        assert f"`{reason}`" in reference
+
+
+def test_reasons_grouped_under_their_condition_type() -> None:
+    groups = dict(reason_groups())
+    assert reasons.LOOKAHEAD_MISMATCH in groups["ConfigCompatible reasons"]
+    assert reasons.ROLLOUT_BLOCKED in groups["Progressing reasons"]
+    assert reasons.ENGINE_REFUSED_CONFIG in groups["Degraded reasons"]
+
+
+@pytest.mark.parametrize(
+    ("node", "expected"),
+    [
+        ({"type": "array", "items": {"type": "string"}}, "list of string"),
+        ({"type": "object", "additionalProperties": {"type": "string"}}, "map of string to string"),
+        ({"x-kubernetes-int-or-string": True}, "int-or-string"),
+        ({"type": "object", "x-kubernetes-preserve-unknown-fields": True}, "object (free-form)"),
+        ({"type": "boolean"}, "boolean"),
+    ],
+)
+def test_type_names(node: dict[str, Any], expected: str) -> None:
+    assert type_name(node) == expected
