@@ -1,0 +1,697 @@
+#!/usr/bin/env python3
+"""A real, local Kubernetes control plane for tests and the demo, without Docker.
+
+Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (fake kubelets) as
+plain processes on 127.0.0.1, envtest style, from binaries built by hack/build-cluster-bins.sh.
+Fake GPU nodes are registered and KWOK drives their pods with the stages in hack/kwok/.
+
+    python hack/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
+    python hack/localcluster.py status [--dir .cluster]
+    python hack/localcluster.py down [--dir .cluster] [--purge]
+
+Only the standard library and the openssl CLI are used, so this runs before any venv exists.
+Network rule: every server binds 127.0.0.1 and every request goes to 127.0.0.1. Pod and Service
+IPs are fake private addresses that nothing may dial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+K8S_VERSION = os.environ.get("PDMTP_K8S_VERSION", "v1.36.3")
+HACK_DIR = Path(__file__).resolve().parent
+KWOK_STAGE_DIR = HACK_DIR / "kwok"
+# Start order; teardown runs in reverse so nothing loses its apiserver before it stops.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+BINARIES = (*COMPONENTS, "kubectl")
+# Fake address ranges: private, never routed here, never dialled.
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+NODE_SELECTOR_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+GPU_RESOURCE = "nvidia.com/gpu"
+RDMA_RESOURCE = "rdma/hca_shared_devices_a"
+LOOPBACK = "127.0.0.1"
+
+
+class ClusterError(RuntimeError):
+    """The local control plane could not be started or reached."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PDMTP_CACHE_DIR") or Path.home() / ".cache" / "pdmtp")
+
+
+def default_bin_dir(version: str = K8S_VERSION) -> Path:
+    return cache_dir() / "bin" / version
+
+
+def missing_binaries(bin_dir: Path | None = None) -> list[str]:
+    """Names of the required binaries that are not built yet (empty when all are there)."""
+    where = bin_dir or default_bin_dir()
+    return [name for name in BINARIES if not os.access(where / name, os.X_OK)]
+
+
+def free_port() -> int:
+    # Small race between close and the server's bind; acceptable for a dev/test cluster.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ClusterError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+
+
+def make_pki(pki: Path) -> None:
+    """A throw-away CA, a loopback serving cert, the admin client cert and service-account keys."""
+    pki.mkdir(parents=True, exist_ok=True)
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650"]
+    subject = "/CN=pdmtp-local-ca"
+    _run(
+        ["openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", subject],
+        pki,
+    )
+
+    def issue(name: str, subject: str, ext: str) -> None:
+        (pki / f"{name}.ext").write_text(ext)
+        key, csr, crt = f"{name}.key", f"{name}.csr", f"{name}.crt"
+        _run(
+            ["openssl", "req", "-new", *ec[:-2], "-keyout", key, "-out", csr, "-subj", subject], pki
+        )
+        ca = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650"]
+        _run(
+            ["openssl", "x509", "-req", "-in", csr, *ca, "-out", crt, "-extfile", f"{name}.ext"],
+            pki,
+        )
+
+    issue(
+        "serving",
+        "/CN=pdmtp-local-apiserver",
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n",
+    )
+    # system:masters is the group RBAC always allows, like envtest's admin user.
+    issue("admin", "/O=system:masters/CN=admin", "extendedKeyUsage=clientAuth\n")
+    _run(["openssl", "genrsa", "-out", "sa.key", "2048"], pki)
+    _run(["openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], pki)
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    # JSON is valid YAML: every kubeconfig reader accepts it, and no YAML library is needed.
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "pdmtp-local",
+                "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")},
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {
+                    "client-certificate-data": b64("admin.crt"),
+                    "client-key-data": b64("admin.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "pdmtp-local", "context": {"cluster": "pdmtp-local", "user": "admin"}}
+        ],
+        "current-context": "pdmtp-local",
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+def fake_gpu_node(name: str) -> dict[str, Any]:
+    resources = {
+        "cpu": "192",
+        "memory": "2Ti",
+        "ephemeral-storage": "10Ti",
+        "pods": "110",
+        GPU_RESOURCE: "8",
+        RDMA_RESOURCE: "1000",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "fake-8xgpu",
+                "nvidia.com/gpu.present": "true",
+                "type": "kwok",
+            },
+            "annotations": {
+                NODE_SELECTOR_ANNOTATION[0]: NODE_SELECTOR_ANNOTATION[1],
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+        },
+        # Nodes keep status on create (a kubelet registers the same way): KWOK then only adds
+        # conditions, so capacity stays exactly as declared here.
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "addresses": [
+                {"type": "InternalIP", "address": LOOPBACK},
+                {"type": "Hostname", "address": name},
+            ],
+        },
+    }
+
+
+@dataclass
+class LocalCluster:
+    """One control plane rooted at ``state_dir`` (pki/, logs/, etcd/, kubeconfig, state.json)."""
+
+    state_dir: Path
+    bin_dir: Path = field(default_factory=default_bin_dir)
+    nodes: int = 4
+    # For in-process use (pytest): the kernel SIGKILLs the components if this process dies, so
+    # a crashed or killed test run leaves no strays. The CLI's `up` leaves it off to detach.
+    die_with_parent: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).resolve()
+        self.bin_dir = Path(self.bin_dir).resolve()
+        self._ports: dict[str, int] = {}
+
+    # ---- paths -------------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def pki(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def load_state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return state
+
+    def _save_state(self, **updates: Any) -> None:
+        state = self.load_state() | updates
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    @property
+    def server(self) -> str:
+        port = self._ports.get("apiserver") or self.load_state().get("ports", {}).get("apiserver")
+        if not port:
+            raise ClusterError(f"no apiserver recorded in {self.state_file}")
+        return f"https://{LOOPBACK}:{port}"
+
+    # ---- HTTP to the apiserver (stdlib only) --------------------------------------------------
+    def _ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10) -> Any:
+        """Call the apiserver as admin; returns decoded JSON (or text for non-JSON bodies)."""
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        # An empty ProxyHandler: loopback traffic must never go through an HTTP proxy.
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}),
+            urllib.request.HTTPSHandler(context=self._ssl_context()),
+        )
+        with opener.open(req, timeout=timeout) as resp:
+            raw = resp.read().decode()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout: float = 120) -> None:
+        """Start every component, wait for readiness, register fake GPU nodes."""
+        missing = missing_binaries(self.bin_dir)
+        if missing:
+            raise ClusterError(
+                f"missing binaries in {self.bin_dir}: {', '.join(missing)}; run `make cluster-bins`"
+            )
+        if self.running_pids():
+            raise ClusterError(f"a cluster is already running from {self.state_dir}; run `down`")
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        self._reset_state_dir()
+        make_pki(self.pki)
+        self._ports = {
+            name: free_port()
+            for name in (
+                "etcd",
+                "etcd-peer",
+                "apiserver",
+                "controller-manager",
+                "scheduler",
+                "kwok",
+            )
+        }
+        self._save_state(version=K8S_VERSION, bin_dir=str(self.bin_dir), ports=self._ports, pids={})
+        write_kubeconfig(self.kubeconfig, self.server, self.pki)
+        self.timings["pki"] = time.monotonic() - t0
+        try:
+            self._spawn("etcd", self._etcd_args())
+            self._wait("etcd healthy", self._etcd_healthy, deadline)
+            self._spawn("kube-apiserver", self._apiserver_args())
+            self._wait("apiserver /readyz", self._apiserver_ready, deadline)
+            self.timings["apiserver"] = time.monotonic() - t0
+            self._spawn("kube-controller-manager", self._controller_manager_args())
+            self._spawn("kube-scheduler", self._scheduler_args())
+            self._spawn("kwok", self._kwok_args(), env={"HOME": str(self.state_dir / "kwok-home")})
+            for name in ("controller-manager", "scheduler"):
+                probe = functools.partial(_https_ok, self._ports[name], "/healthz")
+                self._wait(f"{name} /healthz", probe, deadline)
+            self._wait("default ServiceAccount", self._default_sa_exists, deadline)
+            self._create_nodes()
+            self._wait(f"{self.nodes} Ready untainted nodes", self._nodes_ready, deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        self._save_state(timings=self.timings)
+
+    def stop(self, grace: float = 10) -> None:
+        """Stop the components in reverse start order: SIGTERM each process group, SIGKILL it
+        if it outlives ``grace``. Etcd goes last so the apiserver can shut down cleanly.
+
+        Logs stay in the state dir for post-mortems.
+        """
+        pids: dict[str, int] = self.load_state().get("pids", {})
+        for name in reversed(COMPONENTS):
+            pid = pids.get(name)
+            if not pid:
+                continue
+            if self._is_ours(pid, name):
+                _signal_group(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while _group_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _group_alive(pid):
+                _signal_group(pid, signal.SIGKILL)
+                while _group_alive(pid) and time.monotonic() < deadline + 5:
+                    time.sleep(0.05)
+            _reap(pid)
+        if self.state_file.exists():
+            self._save_state(pids={})
+
+    def running_pids(self) -> dict[str, int]:
+        pids: dict[str, int] = self.load_state().get("pids", {})
+        return {name: pid for name, pid in pids.items() if self._is_ours(pid, name)}
+
+    def is_ready(self) -> bool:
+        try:
+            return self._apiserver_ready()
+        except (ClusterError, OSError):
+            return False
+
+    def rss_bytes(self) -> dict[str, int]:
+        """Resident memory of each component (whole process group), from /proc."""
+        out: dict[str, int] = {}
+        page = os.sysconf("SC_PAGE_SIZE")
+        for name, pid in self.running_pids().items():
+            total = 0
+            for member in _group_members(pid):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * page
+            out[name] = total
+        return out
+
+    def log_tails(self, lines: int = 30) -> str:
+        """The last lines of every component log, for failure diagnostics."""
+        chunks = []
+        for name in COMPONENTS:
+            path = self.log_dir / f"{name}.log"
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                chunks.append(f"==> {path} <==\n" + "\n".join(tail))
+        return "\n\n".join(chunks)
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _reset_state_dir(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("pki", "etcd", "logs", "kwok-home"):
+            shutil.rmtree(self.state_dir / sub, ignore_errors=True)
+        for name in ("kubeconfig", "state.json"):
+            (self.state_dir / name).unlink(missing_ok=True)
+        self.log_dir.mkdir()
+        (self.state_dir / "kwok-home").mkdir()
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        child_env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.state_dir),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        } | (env or {})
+        # A new session per component: its own process group for clean teardown, and no
+        # controlling terminal, so `up` can return and the cluster outlives the shell.
+        proc = subprocess.Popen(
+            [str(self.bin_dir / name), *args],
+            cwd=self.state_dir,
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
+        log.close()
+        pids = self.load_state().get("pids", {}) | {name: proc.pid}
+        self._save_state(pids=pids)
+
+    def _wait(self, what: str, probe: Callable[[], bool], deadline: float) -> None:
+        while True:
+            self._check_alive()
+            with contextlib.suppress(OSError, ValueError, urllib.error.URLError, ClusterError):
+                if probe():
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out waiting for {what}\n{self.log_tails()}")
+            time.sleep(0.1)
+
+    def _check_alive(self) -> None:
+        for name, pid in self.load_state().get("pids", {}).items():
+            if not _pid_alive(pid):
+                raise ClusterError(f"{name} exited early (pid {pid})\n{self.log_tails()}")
+
+    def _is_ours(self, pid: int, name: str) -> bool:
+        # Guard against pid reuse: only signal a pid still running our binary.
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            return False
+        return exe.removesuffix(" (deleted)") == str(self.bin_dir / name)
+
+    def _etcd_args(self) -> list[str]:
+        client = f"http://{LOOPBACK}:{self._ports['etcd']}"
+        peer = f"http://{LOOPBACK}:{self._ports['etcd-peer']}"
+        return [
+            "--name=pdmtp",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=pdmtp={peer}",
+            # Throw-away data: durability buys nothing and fsync dominates start-up time.
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ]
+
+    def _apiserver_args(self) -> list[str]:
+        pki = self.pki
+        server = self.server
+        return [
+            f"--etcd-servers=http://{LOOPBACK}:{self._ports['etcd']}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={self._ports['apiserver']}",
+            f"--tls-cert-file={pki / 'serving.crt'}",
+            f"--tls-private-key-file={pki / 'serving.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--allow-privileged=true",
+            # The apiserver's own address is loopback, which Endpoints may not hold: publish no
+            # endpoints for the `kubernetes` Service rather than log a sync error forever.
+            "--endpoint-reconciler-type=none",
+            f"--service-account-issuer={server}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            # Logs/exec go to the node's InternalIP, which is 127.0.0.1 (KWOK's own server).
+            "--kubelet-preferred-address-types=InternalIP",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _component_client_args(self, port: int) -> list[str]:
+        kc = str(self.kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--bind-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--tls-cert-file={self.pki / 'serving.crt'}",
+            f"--tls-private-key-file={self.pki / 'serving.key'}",
+            "--leader-elect=false",
+            "--profiling=false",
+            "--v=1",
+        ]
+
+    def _controller_manager_args(self) -> list[str]:
+        return [
+            *self._component_client_args(self._ports["controller-manager"]),
+            "--controllers=*",
+            f"--service-account-private-key-file={self.pki / 'sa.key'}",
+            f"--root-ca-file={self.pki / 'ca.crt'}",
+            f"--cluster-signing-cert-file={self.pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={self.pki / 'ca.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+        ]
+
+    def _scheduler_args(self) -> list[str]:
+        return self._component_client_args(self._ports["scheduler"])
+
+    def _kwok_args(self) -> list[str]:
+        port = self._ports["kwok"]
+        key, value = NODE_SELECTOR_ANNOTATION
+        stages = sorted(KWOK_STAGE_DIR.glob("*.yaml"))
+        if not stages:
+            raise ClusterError(f"no KWOK stages in {KWOK_STAGE_DIR}")
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            *(f"--config={path}" for path in stages),
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={key}={value}",
+            f"--node-ip={LOOPBACK}",
+            f"--node-port={port}",
+            f"--server-address={LOOPBACK}:{port}",
+            f"--tls-cert-file={self.pki / 'serving.crt'}",
+            f"--tls-private-key-file={self.pki / 'serving.key'}",
+            f"--cidr={POD_CIDR}",
+            # KWOK renews node Leases itself, so nodes stay Ready without status churn.
+            "--node-lease-duration-seconds=40",
+        ]
+
+    def _etcd_healthy(self) -> bool:
+        url = f"http://{LOOPBACK}:{self._ports['etcd']}/health"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=2) as resp:
+            return bool(json.loads(resp.read()).get("health") == "true")
+
+    def _apiserver_ready(self) -> bool:
+        if self.api("GET", "/readyz", timeout=5) != "ok":
+            return False
+        return bool(self.api("GET", "/api/v1/namespaces/default", timeout=5).get("metadata"))
+
+    def _default_sa_exists(self) -> bool:
+        sa = self.api("GET", "/api/v1/namespaces/default/serviceaccounts/default", timeout=5)
+        return bool(sa.get("metadata"))
+
+    def node_names(self) -> list[str]:
+        return [f"pdmtp-gpu-{i}" for i in range(self.nodes)]
+
+    def _create_nodes(self) -> None:
+        for name in self.node_names():
+            self.api("POST", "/api/v1/nodes", fake_gpu_node(name))
+
+    def _nodes_ready(self) -> bool:
+        nodes = self.api("GET", "/api/v1/nodes", timeout=5)["items"]
+        ready = 0
+        for node in nodes:
+            conds = {c["type"]: c["status"] for c in node.get("status", {}).get("conditions", [])}
+            # The controller manager taints new nodes not-ready until it sees them Ready; the
+            # scheduler would otherwise refuse pods for a moment after `up` returns.
+            taints = node.get("spec", {}).get("taints") or []
+            if conds.get("Ready") == "True" and not taints:
+                ready += 1
+        return ready >= self.nodes
+
+
+# ---- process-group helpers --------------------------------------------------------------------
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: PR_SET_PDEATHSIG (1) = SIGKILL.
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        # A zombie (our own unreaped child) counts as gone.
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _group_members(pgid: int) -> Iterator[int]:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                yield int(entry.name)
+
+
+def _group_alive(pgid: int) -> bool:
+    return any(True for _ in _group_members(pgid))
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _reap(pid: int) -> None:
+    # Only our own children can be reaped; for a detached cluster this is a no-op.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _https_ok(port: int, path: str) -> bool:
+    # Health endpoints of the controller manager and scheduler; their serving cert is our
+    # throw-away one, but verification buys nothing on loopback here.
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx)
+    )
+    with opener.open(f"https://{LOOPBACK}:{port}{path}", timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def _cmd_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(Path(args.dir), nodes=args.nodes)
+    try:
+        cluster.start(timeout=args.timeout)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"local cluster {K8S_VERSION} up in {cluster.timings['total']:.1f}s at {cluster.server}")
+    print(f"logs: {cluster.log_dir}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    if not args.foreground:
+        return 0
+    print("running in the foreground; Ctrl-C stops it", flush=True)
+    stop = False
+
+    def on_signal(_sig: int, _frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while not stop and cluster.running_pids().keys() == set(COMPONENTS):
+        time.sleep(0.5)
+    cluster.stop()
+    return 0
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(Path(args.dir))
+    if cluster.state_file.exists():
+        cluster.bin_dir = Path(cluster.load_state().get("bin_dir", cluster.bin_dir))
+    cluster.stop()
+    if args.purge:
+        shutil.rmtree(cluster.state_dir, ignore_errors=True)
+    print(f"local cluster in {cluster.state_dir} stopped")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(Path(args.dir))
+    state = cluster.load_state()
+    if not state:
+        print(f"no cluster state in {cluster.state_dir}")
+        return 1
+    cluster.bin_dir = Path(state.get("bin_dir", cluster.bin_dir))
+    running = cluster.running_pids()
+    rss = cluster.rss_bytes()
+    for name in COMPONENTS:
+        pid = state.get("pids", {}).get(name)
+        mark = "running" if name in running else "stopped"
+        print(f"{name:24} {mark:8} pid={pid} rss={rss.get(name, 0) / 2**20:.0f}MiB")
+    ready = cluster.is_ready()
+    print(f"apiserver {cluster.server} ready={ready}")
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    return 0 if ready and len(running) == len(COMPONENTS) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "down", "status"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--dir", default=".cluster", help="state dir (default .cluster)")
+        if name == "up":
+            cmd.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (default 4)")
+            cmd.add_argument("--timeout", type=float, default=120, help="seconds to wait")
+            cmd.add_argument(
+                "--foreground", action="store_true", help="stay attached; Ctrl-C tears down"
+            )
+        if name == "down":
+            cmd.add_argument("--purge", action="store_true", help="also delete the state dir")
+    args = parser.parse_args(argv)
+    handlers = {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

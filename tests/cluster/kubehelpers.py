@@ -1,0 +1,93 @@
+"""Helpers for cluster-tier tests: waiting, and installing CRDs until they are really served."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+if TYPE_CHECKING:
+    from localcluster import LocalCluster
+
+T = TypeVar("T")
+
+
+@dataclass
+class Cluster:
+    """What the session's `cluster` fixture yields."""
+
+    kubeconfig: Path
+    api_client: client.ApiClient
+    backend: str  # local | existing | kind
+    local: LocalCluster | None = None  # the launcher, when this session started the cluster
+
+
+def wait_for(
+    probe: Callable[[], T | None], what: str, timeout: float = 30, interval: float = 0.1
+) -> T:
+    """Poll ``probe`` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except ApiException as exc:  # transient: object not there yet, CRD not served yet
+            last_error = exc
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+def install_crd(
+    api_client: client.ApiClient, path: Path | str | dict[str, Any], timeout: float = 30
+) -> dict[str, Any]:
+    """Create (or replace) a CRD and wait until it is Established and a list call succeeds.
+
+    Established alone is not enough: discovery and the handler for the new resource can lag a
+    moment behind, and a create issued in that window fails with 404.
+    """
+    crd: dict[str, Any] = (
+        path if isinstance(path, dict) else yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    )
+    ext = client.ApiextensionsV1Api(api_client)
+    name = crd["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(name, crd)
+
+    def established() -> bool:
+        conds = ext.read_custom_resource_definition(name).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conds)
+
+    wait_for(established, f"CRD {name} Established", timeout)
+
+    group = crd["spec"]["group"]
+    plural = crd["spec"]["names"]["plural"]
+    custom = client.CustomObjectsApi(api_client)
+    for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served", True)):
+
+        def served(version: str = version) -> bool:
+            custom.list_cluster_custom_object(group, version, plural, limit=1)
+            return True
+
+        wait_for(served, f"{plural}.{group}/{version} served", timeout)
+    return crd
+
+
+def pod_ready(pod: client.V1Pod) -> bool:
+    conds = (pod.status and pod.status.conditions) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conds)
