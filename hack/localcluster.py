@@ -113,6 +113,9 @@ def make_pki(pki: Path) -> None:
     )
     # system:masters is the group RBAC always allows, like envtest's admin user.
     issue("admin", "/O=system:masters/CN=admin", "extendedKeyUsage=clientAuth\n")
+    # Aggregation-layer identity; without it the controller manager and scheduler log a
+    # missing requestheader CA bundle on every authentication config sync.
+    issue("front-proxy-client", "/CN=front-proxy-client", "extendedKeyUsage=clientAuth\n")
     _run(["openssl", "genrsa", "-out", "sa.key", "2048"], pki)
     _run(["openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], pki)
 
@@ -457,6 +460,13 @@ class LocalCluster:
             f"--tls-private-key-file={pki / 'serving.key'}",
             f"--client-ca-file={pki / 'ca.crt'}",
             "--authorization-mode=RBAC",
+            f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+            f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--allow-privileged=true",
             # The apiserver's own address is loopback, which Endpoints may not hold: publish no

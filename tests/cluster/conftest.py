@@ -61,7 +61,9 @@ def _unavailable(why: str) -> None:
 
 def _loopback_only(kubeconfig: Path) -> None:
     # Network rule: tests talk to loopback only, whatever cluster the kubeconfig names.
-    doc = yaml.safe_load(kubeconfig.read_text())
+    doc = yaml.safe_load(kubeconfig.read_text()) or {}
+    if not doc.get("clusters"):
+        _unavailable(f"{kubeconfig} names no cluster")
     current = doc.get("current-context")
     ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == current), {})
     cluster = next((c["cluster"] for c in doc["clusters"] if c["name"] == ctx.get("cluster")), {})
@@ -79,6 +81,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     global _local
     backend = os.environ.get("PDMTP_CLUSTER", "local")
     local: LocalCluster | None = None
+    started = False
     if backend == "local":
         missing = missing_binaries()
         if missing:
@@ -91,7 +94,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             local.start()
         except ClusterError as exc:
             pytest.fail(f"local control plane did not start: {exc}", pytrace=False)
-        _local = local
+        started = True
         kubeconfig = local.kubeconfig
         print(f"\nlocal control plane up in {local.timings['total']:.1f}s", file=sys.stderr)
     elif backend in ("existing", "kind"):
@@ -100,16 +103,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         if not kubeconfig.exists():
             _unavailable(f"PDMTP_CLUSTER={backend} but no kubeconfig at {kubeconfig}")
         _loopback_only(kubeconfig)
+        # A `make cluster-up` cluster: reuse its launcher for logs and binaries, never stop it.
+        state = kubeconfig.parent / "state.json"
+        if state.exists():
+            local = LocalCluster(kubeconfig.parent)
+            local.bin_dir = Path(local.load_state().get("bin_dir", local.bin_dir))
     else:
         pytest.fail(f"PDMTP_CLUSTER={backend!r}: expected local, existing or kind", pytrace=False)
 
+    _local = local
     api_client = config.new_client_from_config(config_file=str(kubeconfig))
     try:
         yield Cluster(kubeconfig, api_client, backend, local)
     finally:
         api_client.close()
-        if local is not None:
-            _local = None
+        _local = None
+        if local is not None and started:
             try:
                 local.stop()
             except Exception:
