@@ -191,10 +191,33 @@ class Controller:
             log.info("Could not post event %s: %s", event.reason, e)
 
 
+def connection_info(cfg: Any) -> kopf.ConnectionInfo:
+    """kopf credentials from a kubernetes-client Configuration."""
+    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    scheme = None
+    if token:
+        scheme, _, token = token.partition(" ") if " " in token else ("Bearer", "", token)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        scheme=scheme,
+        token=token or None,
+    )
+
+
 def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     """kopf handlers of the operator, in a registry of their own (no module-level state)."""
     registry = kopf.OperatorRegistry()
     managed = {v.LABEL_MANAGED_BY: v.MANAGED_BY}
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf talks to the API with the same identity as the reconciler (--kubeconfig or
+        # in-cluster), not with whatever its own discovery would find.
+        return connection_info(controller.kube.api.configuration)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -22,8 +22,13 @@ MAX_NAME_LENGTH = 40
 """Child names add up to 23 characters (`-<revision>-prefill`); Services must fit 63."""
 
 
-DEFAULTED_OBJECT: dict[str, Any] = {"default": {}}
-"""Lets the API server fill a nested object's defaults when the user omits the object."""
+def defaulted(model: type[BaseModel]) -> dict[str, Any]:
+    """A schema default for an omitted nested object: the model's own defaults, spelled out.
+
+    `default: {}` is not enough: the API server checks defaults against the CEL rules as they
+    stand, before nested defaults are filled in.
+    """
+    return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}
 
 
 def cel(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -69,7 +74,7 @@ def _extra_args_rule(what: str) -> tuple[str, str]:
     )
 
 
-ExtraArgs = list[Annotated[str, Field(max_length=4096)]]
+ExtraArgs = list[Annotated[str, Field(max_length=1024)]]
 
 
 class ModelSpec(_Model):
@@ -148,7 +153,7 @@ class EngineSpec(_Model):
     )
     extra_args: ExtraArgs = Field(
         default_factory=list,
-        max_length=128,
+        max_length=64,
         description=(
             "Extra `vllm serve` arguments for both roles, one token per item; part of the compat "
             "revision. Flags owned by typed fields are rejected."
@@ -195,7 +200,11 @@ class KVTransferSpec(_Model):
     )
 
     protocol: Literal["rdma", "tcp"] = Field(
-        default="rdma", description="Mooncake transport protocol; both roles use the same."
+        default="tcp",
+        description=(
+            "Mooncake transport protocol, the same on both roles. rdma needs deviceNames and "
+            "RDMA-capable nodes; tcp works everywhere."
+        ),
     )
     device_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list,
@@ -291,12 +300,12 @@ class RoleSpec(_Model):
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
-        json_schema_extra=DEFAULTED_OBJECT,
+        json_schema_extra=defaulted(ResourceRequirements),
         description="Compute resources besides GPUs (and RDMA, added when protocol is rdma).",
     )
     extra_args: ExtraArgs = Field(
         default_factory=list,
-        max_length=128,
+        max_length=64,
         description=(
             "Extra `vllm serve` arguments for this role only; a change rolls this role alone. "
             "Flags owned by typed fields are rejected."
@@ -407,7 +416,7 @@ class PDDeploymentSpec(_Model):
     )
     engine: EngineSpec = Field(
         default_factory=EngineSpec,
-        json_schema_extra=DEFAULTED_OBJECT,
+        json_schema_extra=defaulted(EngineSpec),
         description="Engine settings both roles share.",
     )
     speculative: SpeculativeSpec | None = Field(
@@ -416,19 +425,19 @@ class PDDeploymentSpec(_Model):
     kv_transfer: KVTransferSpec = Field(
         default_factory=KVTransferSpec,
         alias="kvTransfer",
-        json_schema_extra=DEFAULTED_OBJECT,
+        json_schema_extra=defaulted(KVTransferSpec),
         description="The Mooncake KV transfer between prefill and decode.",
     )
     prefill: RoleSpec = Field(description="The prefill role (Mooncake kv_producer).")
     decode: RoleSpec = Field(description="The decode role (Mooncake kv_consumer).")
     router: RouterSpec = Field(
         default_factory=RouterSpec,
-        json_schema_extra=DEFAULTED_OBJECT,
+        json_schema_extra=defaulted(RouterSpec),
         description="The per-revision request router.",
     )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec,
-        json_schema_extra=DEFAULTED_OBJECT,
+        json_schema_extra=defaulted(RolloutSpec),
         description="Rollout policy for both kinds of rollout.",
     )
 

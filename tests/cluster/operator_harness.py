@@ -1,0 +1,423 @@
+"""Run `pdmtp run` as a real subprocess against the test cluster, and watch what it does.
+
+`OperatorProcess` can be killed (SIGKILL, mid-roll) and started again. `RolloutWatcher` follows
+every Pod and Deployment event of a namespace in a thread and checks DESIGN.md invariants 1-5 at
+every observed moment; failures are collected and asserted by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from localcluster import free_port
+from pdmtp.core import vocabulary as v
+
+CUSTOM = (v.GROUP, v.VERSION)
+
+
+class OperatorProcess:
+    """`pdmtp run` for one namespace, with its metrics and liveness on 127.0.0.1."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespaces: list[str],
+        log_path: Path,
+        resync_seconds: float = 2.0,
+        extra_env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespaces = namespaces
+        self.log_path = log_path
+        self.resync_seconds = resync_seconds
+        self.extra_env = extra_env or {}
+        self.extra_args = extra_args or []
+        self.metrics_port = free_port()
+        self.liveness_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 30) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "pdmtp.cli",
+            "run",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--resync-seconds",
+            str(self.resync_seconds),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--liveness",
+            f"http://127.0.0.1:{self.liveness_port}/healthz",
+        ]
+        for ns in self.namespaces:
+            args += ["--namespace", ns]
+        args += self.extra_args
+        env = {**os.environ, **self.extra_env}
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
+                ) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"operator not live after {timeout}s:\n{self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, as a node loss would do it."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def metrics(self) -> dict[str, float]:
+        """Scrape the operator's metrics endpoint: `name{labels}` -> value."""
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def get_pdd(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *CUSTOM, namespace, v.PLURAL, name
+    )
+    return obj
+
+
+def create_pdd(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
+    obj: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *CUSTOM, namespace, v.PLURAL, body
+    )
+    return obj
+
+
+def patch_spec(api: client.ApiClient, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, namespace, v.PLURAL, name, {"spec": spec}
+    )
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    return None
+
+
+def is_true(obj: dict[str, Any], type_: str) -> bool:
+    c = condition(obj, type_)
+    return c is not None and c["status"] == "True"
+
+
+def settled(obj: dict[str, Any]) -> bool:
+    """Available, rollout complete, and the status speaks of the current generation."""
+    status = obj.get("status") or {}
+    progressing = condition(obj, "Progressing")
+    return (
+        status.get("observedGeneration") == obj["metadata"]["generation"]
+        and is_true(obj, "Available")
+        and progressing is not None
+        and progressing["reason"] == "RolloutComplete"
+    )
+
+
+# ---- invariants watcher ----------------------------------------------------------------------
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return (obj.get("metadata") or {}).get("labels") or {}
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
+@dataclass
+class Limits:
+    """The rollout policy and targets the watcher holds the cluster to."""
+
+    prefill: int
+    decode: int
+    max_surge: int
+    max_unavailable: int
+    drain_seconds: float
+
+    def target(self, role: str) -> int:
+        return self.prefill if role == "prefill" else self.decode
+
+
+@dataclass
+class RolloutWatcher:
+    """Checks invariants 1-5 at every Pod/Deployment event of one PDDeployment's namespace."""
+
+    api: client.ApiClient
+    namespace: str
+    name: str
+    limits: Limits
+    pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    events_seen: int = 0
+    served: set[str] = field(default_factory=set)
+    stopped_at: dict[str, float] = field(default_factory=dict)
+    anchor: str | None = None
+    """Invariant 5: the revision that must keep serving while an intermediate one serves."""
+    superseded: bool = False
+    min_ready: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
+        selector = f"{v.LABEL_NAME}={self.name}"
+        for what, lister in (
+            ("pod", core.list_namespaced_pod),
+            ("deployment", apps.list_namespaced_deployment),
+        ):
+            t = threading.Thread(target=self._follow, args=(what, lister, selector), daemon=True)
+            t.start()
+            self._threads.append(t)
+        time.sleep(0.5)
+        with self._lock:
+            for role in v.ENGINE_ROLES:
+                self.min_ready[role] = min(
+                    max(0, self.limits.target(role) - self.limits.max_unavailable),
+                    self._serving_ready(role),
+                )
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+
+    def _follow(self, what: str, lister: Any, selector: str) -> None:
+        store = self.pods if what == "pod" else self.deployments
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    lister,
+                    self.namespace,
+                    label_selector=selector,
+                    timeout_seconds=5,
+                    _preload_content=False,
+                ):
+                    raw = event["raw_object"]
+                    key = raw["metadata"]["name"]
+                    with self._lock:
+                        if event["type"] == "DELETED":
+                            store.pop(key, None)
+                        else:
+                            store[key] = raw
+                        self.events_seen += 1
+                        self._check(time.time(), f"{event['type']} {what} {key}")
+                    if self._stop.is_set():
+                        break
+            except Exception as e:  # a dropped watch is re-opened; note it for the log
+                if not self._stop.is_set():
+                    time.sleep(0.2)
+                    del e
+            finally:
+                w.stop()
+
+    # Invariant checks run under the lock with the watcher's view of the namespace.
+
+    def _pods_of(self, revision: str, role: str) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.pods.values()
+            if _labels(p).get(v.LABEL_REVISION) == revision and _labels(p).get(v.LABEL_ROLE) == role
+        ]
+
+    def _revisions(self) -> set[str]:
+        return {_labels(p).get(v.LABEL_REVISION, "") for p in self.pods.values()} - {""}
+
+    def _serving(self) -> list[str]:
+        return sorted(
+            r for r in self._revisions() if any(_ready(p) for p in self._pods_of(r, "router"))
+        )
+
+    def _serving_ready(self, role: str) -> int:
+        return sum(_ready(p) for r in self._serving() for p in self._pods_of(r, role))
+
+    def _check(self, now: float, moment: str) -> None:
+        serving = self._serving()
+        # 1. A router lists only its own revision's engines.
+        for d in self.deployments.values():
+            if _labels(d).get(v.LABEL_ROLE) != "router":
+                continue
+            rev = _labels(d).get(v.LABEL_REVISION)
+            args = d["spec"]["template"]["spec"]["containers"][0].get("args") or []
+            urls = {args[i + 1] for i, a in enumerate(args) if a in ("--prefill", "--decode")}
+            own = {
+                f"http://{(p.get('status') or {}).get('podIP')}:{v.ENGINE_HTTP_PORT}"
+                for p in self.pods.values()
+                if _labels(p).get(v.LABEL_REVISION) == rev
+            }
+            others = {
+                f"http://{(p.get('status') or {}).get('podIP')}:{v.ENGINE_HTTP_PORT}"
+                for p in self.pods.values()
+                if _labels(p).get(v.LABEL_REVISION) != rev and (p.get("status") or {}).get("podIP")
+            }
+            if urls & others - own:
+                self.violations.append(
+                    f"invariant 1 at {moment}: router {rev} lists {urls & others}"
+                )
+        # 2. Traffic only with a ready prefill and decode.
+        for rev in serving:
+            p = sum(_ready(x) for x in self._pods_of(rev, "prefill"))
+            d = sum(_ready(x) for x in self._pods_of(rev, "decode"))
+            if p < 1 or d < 1:
+                self.violations.append(f"invariant 2 at {moment}: {rev} serves with {p}P/{d}D")
+        # 3. Availability floor and surge ceiling per role.
+        olds = [r for r in self._revisions() if self._pods_of(r, "router")]
+        if len(olds) >= 3:
+            self.superseded = True
+        for role in v.ENGINE_ROLES:
+            ready = self._serving_ready(role)
+            if ready < self.min_ready.get(role, 0):
+                self.violations.append(f"invariant 3 at {moment}: {ready} ready serving {role}")
+            pods = sum(1 for p in self.pods.values() if _labels(p).get(v.LABEL_ROLE) == role)
+            ceiling = (
+                self.limits.target(role) + self.limits.max_surge + (1 if self.superseded else 0)
+            )
+            if pods > ceiling:
+                self.violations.append(f"invariant 3 at {moment}: {pods} {role} pods > {ceiling}")
+        # 4. Traffic stops before pods go, and pods stay drainSeconds after.
+        for rev in serving:
+            self.served.add(rev)
+            self.stopped_at.pop(rev, None)
+        for rev in self.served - set(serving):
+            self.stopped_at.setdefault(rev, now)
+        for p in self.pods.values():
+            rev = _labels(p).get(v.LABEL_REVISION, "")
+            role = _labels(p).get(v.LABEL_ROLE)
+            if role not in v.ENGINE_ROLES or not (p["metadata"].get("deletionTimestamp")):
+                continue
+            stopped = self.stopped_at.get(rev)
+            if rev in serving:
+                continue  # scaling down inside a serving revision (pod-level grace covers it)
+            if stopped is not None and now < stopped + self.limits.drain_seconds - 1.0:
+                self.violations.append(
+                    f"invariant 4 at {moment}: {p['metadata']['name']} deleted "
+                    f"{now - stopped:.1f}s after {rev} stopped serving"
+                )
+        # 5. The anchor keeps serving while another old revision still does.
+        if self.anchor is not None and self.anchor not in serving:
+            still = [r for r in serving if r not in (self.anchor, self.update_revision)]
+            if still:
+                self.violations.append(
+                    f"invariant 5 at {moment}: {self.anchor} lost traffic while {still} serve"
+                )
+            self.anchor = None
+
+    update_revision: str | None = None
+
+    def expect_update(self, revision: str, anchor: str | None = None) -> None:
+        with self._lock:
+            self.update_revision = revision
+            self.anchor = anchor
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "pods": len(self.pods),
+                "deployments": sorted(self.deployments),
+                "events": self.events_seen,
+            }
+
+
+def table(api: client.ApiClient, namespace: str) -> tuple[list[str], list[list[Any]]]:
+    """`kubectl get pdd` as the API server renders it (printer columns)."""
+    path = f"/apis/{v.GROUP}/{v.VERSION}/namespaces/{namespace}/{v.PLURAL}"
+    m, url, headers, _, _ = api.param_serialize(
+        "GET",
+        path,
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
+    )
+    raw = api.call_api(m, url, header_params=headers).read()
+    doc = json.loads(raw)
+    columns = [c["name"] for c in doc["columnDefinitions"]]
+    return columns, [row["cells"] for row in doc["rows"]]
+
+
+def objects_dump(api: client.ApiClient, namespace: str) -> Iterator[str]:
+    """Events, PDDeployments and children of a namespace, for a failed test's report."""
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    for e in core.list_namespaced_event(namespace).items:
+        what = f"{e.involved_object.kind}/{e.involved_object.name}"
+        yield f"event {e.type} {e.reason} {what}: {e.message}"
+    for d in apps.list_namespaced_deployment(namespace).items:
+        yield (
+            f"deployment {d.metadata.name} replicas={d.spec.replicas} "
+            f"ready={d.status.ready_replicas} ann={d.metadata.annotations}"
+        )
+    for p in core.list_namespaced_pod(namespace).items:
+        deleting = bool(p.metadata.deletion_timestamp)
+        yield f"pod {p.metadata.name} phase={p.status.phase} ip={p.status.pod_ip} {deleting=}"
+    custom = client.CustomObjectsApi(api)
+    for obj in custom.list_namespaced_custom_object(*CUSTOM, namespace, v.PLURAL)["items"]:
+        yield "pdd " + json.dumps(obj.get("status"), indent=1)

@@ -1,0 +1,527 @@
+"""The operator against a real API server: create, paired and role-local rollouts, rejected specs,
+superseded rollouts, restarts mid-roll, deletion and idle cost (issue: the operator)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from cluster.kubehelpers import Cluster, install_crd, wait_for
+from kubernetes import client
+from operator_harness import (
+    Limits,
+    OperatorProcess,
+    RolloutWatcher,
+    condition,
+    create_pdd,
+    get_pdd,
+    is_true,
+    objects_dump,
+    patch_spec,
+    settled,
+    table,
+)
+from pdmtp.cli import rendered_children
+from pdmtp.core import vocabulary as v
+from pdmtp.core.revision import compat_revision
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
+READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
+ROLL_TIMEOUT = 120
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> None:
+    install_crd(cluster.api_client, CRD)
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    # pytest shows a test's captured output only when it fails: then this explains the failure.
+    print("---- operator log ----\n" + op.log_tail(150))
+    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))
+
+
+def spec_of(b: PDDBuilder, delay_ms: int = 800) -> PDDBuilder:
+    annotations = {READY_DELAY: str(delay_ms)}
+    return b.prefill(podAnnotations=annotations).decode(podAnnotations=annotations)
+
+
+def wait_settled(
+    api: client.ApiClient, ns: str, name: str, timeout: float = ROLL_TIMEOUT
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: (o := get_pdd(api, ns, name)) and settled(o) and o,
+        f"{name} settled",
+        timeout,
+        interval=0.5,
+    )
+
+
+def deployments(api: client.ApiClient, ns: str) -> dict[str, client.V1Deployment]:
+    return {d.metadata.name: d for d in client.AppsV1Api(api).list_namespaced_deployment(ns).items}
+
+
+def pods(api: client.ApiClient, ns: str) -> list[client.V1Pod]:
+    return client.CoreV1Api(api).list_namespaced_pod(ns).items
+
+
+def revisions_present(api: client.ApiClient, ns: str) -> set[str]:
+    revs = {d.metadata.labels.get(v.LABEL_REVISION) for d in deployments(api, ns).values()}
+    revs |= {p.metadata.labels.get(v.LABEL_REVISION) for p in pods(api, ns)}
+    return revs - {None}
+
+
+def start_watcher(cluster: Cluster, ns: str, name: str, b: PDDBuilder) -> RolloutWatcher:
+    s = b.build().spec
+    limits = Limits(
+        s.prefill.replicas,
+        s.decode.replicas,
+        s.rollout.max_surge,
+        s.rollout.max_unavailable,
+        s.rollout.drain_seconds,
+    )
+    w = RolloutWatcher(cluster.api_client, ns, name, limits)
+    w.start()
+    return w
+
+
+# ---- 1. create -------------------------------------------------------------------------------
+
+
+def test_create_becomes_available_matching_render(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(pdd("demo").mtp(3, modules=3).prefill(replicas=2).decode(replicas=1))
+    create_pdd(cluster.api_client, namespace, b.dict())
+    obj = wait_settled(cluster.api_client, namespace, "demo")
+
+    rev = compat_revision(b.build().spec)
+    status = obj["status"]
+    assert status["currentRevision"] == status["updateRevision"] == rev
+    assert status["lookahead"] == {"prefill": 3, "decode": 3, "prefillBackoff": 2}
+    assert (status["prefill"], status["decode"]) == ("2/2", "1/1")
+    for type_ in ("ConfigCompatible", "Available"):
+        c = condition(obj, type_)
+        assert c is not None and c["status"] == "True" and c["observedGeneration"] == 1
+    assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
+
+    # The children are what `pdmtp render` prints (router args come from live pod IPs).
+    live = deployments(cluster.api_client, namespace)
+    expected = {
+        c["metadata"]["name"]: c
+        for c in rendered_children(
+            b.build().model_copy(
+                update={"metadata": b.build().metadata.model_copy(update={"namespace": namespace})}
+            )
+        )
+    }
+    for role in ("prefill", "decode"):
+        name = f"demo-{rev}-{role}"
+        want = expected[name]["spec"]["template"]["spec"]["containers"][0]
+        got = live[name].spec.template.spec.containers[0]
+        assert got.args == want["args"]
+        assert {e.name for e in got.env} == {e["name"] for e in want["env"]}
+        assert live[name].spec.replicas == expected[name]["spec"]["replicas"]
+        assert live[name].metadata.owner_references[0].uid == obj["metadata"]["uid"]
+    router = live[f"demo-{rev}-router"]
+    assert router.spec.replicas == 1
+    args = router.spec.template.spec.containers[0].args
+    assert args.count("--prefill") == 2 and args.count("--decode") == 1
+    svc = client.CoreV1Api(cluster.api_client).read_namespaced_service("demo", namespace)
+    assert svc.spec.selector == expected["demo"]["spec"]["selector"]
+    client.NetworkingV1Api(cluster.api_client).read_namespaced_network_policy("demo-pd", namespace)
+
+    # Printer columns show real values.
+    columns, rows = table(cluster.api_client, namespace)
+    row = dict(zip(columns, rows[0], strict=True))
+    assert row["Ready"] == "True" and row["Prefill"] == "2/2" and row["Decode"] == "1/1"
+    assert row["Lookahead"] == 3 and row["Revision"] == rev
+
+    # `kubectl wait --for=condition=Available` works.
+    kubectl = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
+    done = subprocess.run(
+        [
+            str(kubectl),
+            "--kubeconfig",
+            str(cluster.kubeconfig),
+            "-n",
+            namespace,
+            "wait",
+            "--for=condition=Available",
+            "pdd/demo",
+            "--timeout=20s",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+    # Events tell the story.
+    events = client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+    reasons = {e.reason for e in events if e.involved_object.name == "demo"}
+    assert {"Created", "Compatible", "MinimumReplicasAvailable"} <= reasons
+
+
+# ---- 2. paired rollout -----------------------------------------------------------------------
+
+
+def test_paired_rollout_holds_the_invariants(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(
+        pdd("roll")
+        .mtp(3, modules=3)
+        .prefill(replicas=2)
+        .decode(replicas=2)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    before = wait_settled(cluster.api_client, namespace, "roll")
+    old_rev = before["status"]["currentRevision"]
+
+    watcher = start_watcher(cluster, namespace, "roll", b)
+    b.mtp(2, modules=3)
+    new_rev = compat_revision(b.build().spec)
+    watcher.expect_update(new_rev)
+    patch_spec(cluster.api_client, namespace, "roll", b.dict()["spec"])
+    obj = wait_settled(cluster.api_client, namespace, "roll")
+    time.sleep(1)
+    watcher.stop()
+
+    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.events_seen > 20
+    assert obj["status"]["currentRevision"] == new_rev != old_rev
+    assert obj["status"]["lookahead"]["decode"] == 2
+    assert revisions_present(cluster.api_client, namespace) == {new_rev}
+    reasons = {
+        e.reason
+        for e in client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+    }
+    assert {"TrafficStopped", "RevisionRetired"} <= reasons
+
+
+# ---- 3. role-local change and scaling --------------------------------------------------------
+
+
+def test_role_local_change_rolls_only_that_role_and_scaling_is_no_rollout(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(pdd("local"))
+    create_pdd(cluster.api_client, namespace, b.dict())
+    wait_settled(cluster.api_client, namespace, "local")
+    rev = compat_revision(b.build().spec)
+    before = deployments(cluster.api_client, namespace)
+    prefill_pods = {
+        p.metadata.uid
+        for p in pods(cluster.api_client, namespace)
+        if p.metadata.labels[v.LABEL_ROLE] == "prefill"
+    }
+
+    b.decode(resources={"requests": {"cpu": "2", "memory": "1Gi"}})
+    patch_spec(cluster.api_client, namespace, "local", b.dict()["spec"])
+    wait_for(
+        lambda: (
+            deployments(cluster.api_client, namespace)[f"local-{rev}-decode"]
+            .spec.template.spec.containers[0]
+            .resources.requests.get("cpu")
+            == "2"
+        ),
+        "decode template updated",
+        30,
+    )
+    wait_settled(cluster.api_client, namespace, "local")
+    after = deployments(cluster.api_client, namespace)
+    assert set(after) == set(before), "a role-local change must not create a revision"
+    assert (
+        after[f"local-{rev}-prefill"].metadata.generation
+        == before[f"local-{rev}-prefill"].metadata.generation
+    )
+    assert (
+        after[f"local-{rev}-decode"].metadata.generation
+        > before[f"local-{rev}-decode"].metadata.generation
+    )
+    assert prefill_pods <= {p.metadata.uid for p in pods(cluster.api_client, namespace)}
+
+    b.prefill(replicas=3)
+    patch_spec(cluster.api_client, namespace, "local", b.dict()["spec"])
+    obj = wait_for(
+        lambda: (
+            (o := get_pdd(cluster.api_client, namespace, "local"))
+            and o["status"].get("prefill") == "3/3"
+            and settled(o)
+            and o
+        ),
+        "scaled",
+        60,
+    )
+    assert set(deployments(cluster.api_client, namespace)) == set(before)
+    assert obj["status"]["currentRevision"] == rev
+
+
+# ---- 4. incompatible spec that passes CEL ----------------------------------------------------
+
+
+def test_incompatible_spec_is_reported_and_touches_nothing(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(pdd("bad").mtp(3))  # mtpModules undeclared
+    create_pdd(cluster.api_client, namespace, b.dict())
+    wait_settled(cluster.api_client, namespace, "bad")
+    uids = {p.metadata.uid for p in pods(cluster.api_client, namespace)}
+    names = set(deployments(cluster.api_client, namespace))
+
+    b.prefill(k=2)  # passes CEL; only the operator can tell
+    patch_spec(cluster.api_client, namespace, "bad", b.dict()["spec"])
+    obj = wait_for(
+        lambda: (
+            (o := get_pdd(cluster.api_client, namespace, "bad"))
+            and o["status"]["observedGeneration"] == 2
+            and o
+        ),
+        "generation 2 observed",
+        30,
+    )
+    c = condition(obj, "ConfigCompatible")
+    assert c is not None and c["status"] == "False" and c["reason"] == "MTPModulesUnknown"
+    assert "spec.model.mtpModules" in c["message"]
+    assert condition(obj, "Progressing")["reason"] == "RolloutBlocked"  # type: ignore[index]
+    assert is_true(obj, "Available")
+    time.sleep(3)  # a resync or two: still nothing moves
+    assert set(deployments(cluster.api_client, namespace)) == names
+    assert {p.metadata.uid for p in pods(cluster.api_client, namespace)} == uids
+    warnings = [
+        e
+        for e in client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+        if e.type == "Warning" and e.reason == "MTPModulesUnknown"
+    ]
+    assert warnings
+
+    b.mtp(3, modules=1)  # fix: declare the (single) MTP module: both roles derive lookahead 1
+    patch_spec(cluster.api_client, namespace, "bad", b.dict()["spec"])
+    obj = wait_settled(cluster.api_client, namespace, "bad")
+    assert is_true(obj, "ConfigCompatible") and obj["status"]["lookahead"]["prefill"] is not None
+
+
+# ---- 5. superseded rollout -------------------------------------------------------------------
+
+
+def test_superseded_rollout_completes_to_the_last_spec(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(
+        pdd("abc")
+        .mtp(3, modules=4)
+        .prefill(replicas=2)
+        .decode(replicas=2)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3),
+        delay_ms=1500,
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    a = wait_settled(cluster.api_client, namespace, "abc")["status"]["currentRevision"]
+    watcher = start_watcher(cluster, namespace, "abc", b)
+
+    b.mtp(2, modules=4)
+    b_rev = compat_revision(b.build().spec)
+    watcher.expect_update(b_rev)
+    patch_spec(cluster.api_client, namespace, "abc", b.dict()["spec"])
+    wait_for(
+        lambda: any(
+            p.metadata.labels[v.LABEL_REVISION] == b_rev
+            and p.metadata.labels[v.LABEL_ROLE] == "router"
+            for p in pods(cluster.api_client, namespace)
+        ),
+        "B routed",
+        60,
+    )
+
+    b.mtp(4, modules=4)
+    c_rev = compat_revision(b.build().spec)
+    watcher.expect_update(c_rev, anchor=a)
+    patch_spec(cluster.api_client, namespace, "abc", b.dict()["spec"])
+    obj = wait_settled(cluster.api_client, namespace, "abc", timeout=180)
+    watcher.stop()
+
+    assert watcher.violations == [], watcher.violations[:5]
+    assert obj["status"]["currentRevision"] == c_rev
+    assert revisions_present(cluster.api_client, namespace) == {c_rev}
+
+
+# ---- 6. restart safety -----------------------------------------------------------------------
+
+
+def test_operator_killed_mid_roll_finishes_it_after_restart(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = spec_of(
+        pdd("crash")
+        .mtp(3, modules=3)
+        .prefill(replicas=2)
+        .decode(replicas=2)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=4),
+        delay_ms=1200,
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    wait_settled(cluster.api_client, namespace, "crash")
+    watcher = start_watcher(cluster, namespace, "crash", b)
+    b.mtp(2, modules=3)
+    new_rev = compat_revision(b.build().spec)
+    watcher.expect_update(new_rev)
+    patch_spec(cluster.api_client, namespace, "crash", b.dict()["spec"])
+
+    def has(role: str, ready: bool) -> bool:
+        return any(
+            p.metadata.labels[v.LABEL_REVISION] == new_rev
+            and p.metadata.labels[v.LABEL_ROLE] == role
+            and (
+                not ready
+                or any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
+            )
+            for p in pods(cluster.api_client, namespace)
+        )
+
+    # Kill points: new workloads exist but no traffic yet; new router up; old one draining.
+    kill_points = [
+        (
+            "new workloads created, before the traffic switch",
+            lambda: (
+                f"crash-{new_rev}-prefill" in deployments(cluster.api_client, namespace)
+                and not has("router", ready=False)
+            ),
+        ),
+        ("new revision serving", lambda: has("router", ready=True)),
+        (
+            "old revision draining",
+            lambda: any(
+                d.metadata.annotations and v.ANNOTATION_DRAIN_UNTIL in d.metadata.annotations
+                for d in deployments(cluster.api_client, namespace).values()
+            ),
+        ),
+    ]
+    for what, point in kill_points:
+        wait_for(point, what, 60, interval=0.05)
+        operator.kill()
+        time.sleep(random.uniform(0.5, 2.0))
+        operator.start()
+    obj = wait_settled(cluster.api_client, namespace, "crash", timeout=180)
+    watcher.stop()
+
+    assert operator.starts == 4
+    assert watcher.violations == [], watcher.violations[:5]
+    assert obj["status"]["currentRevision"] == new_rev
+    assert revisions_present(cluster.api_client, namespace) == {new_rev}, "orphans left behind"
+    names = set(deployments(cluster.api_client, namespace))
+    assert names == {f"crash-{new_rev}-{r}" for r in ("prefill", "decode", "router")}
+
+
+# ---- degraded --------------------------------------------------------------------------------
+
+
+def test_engine_termination_message_surfaces_as_degraded(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    message = (
+        "lookahead mismatch: operator expects 3, vLLM computes 1 (method=mtp k=3 mtp_modules=1)"
+    )
+    b = (
+        pdd("deg")
+        .mtp(3, modules=3)
+        .decode(podAnnotations={"pdmtp.io/fake-terminate-message": message})
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    obj = wait_for(
+        lambda: (
+            (o := get_pdd(cluster.api_client, namespace, "deg")) and is_true(o, "Degraded") and o
+        ),
+        "Degraded",
+        60,
+    )
+    c = condition(obj, "Degraded")
+    assert c is not None and message in c["message"] and "decode pod" in c["message"]
+    assert not is_true(obj, "Available")
+
+
+# ---- 7. deletion -----------------------------------------------------------------------------
+
+
+def test_deleting_the_pddeployment_removes_every_child(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    create_pdd(cluster.api_client, namespace, spec_of(pdd("gone")).dict())
+    wait_settled(cluster.api_client, namespace, "gone")
+    assert deployments(cluster.api_client, namespace)
+    client.CustomObjectsApi(cluster.api_client).delete_namespaced_custom_object(
+        v.GROUP, v.VERSION, namespace, v.PLURAL, "gone"
+    )
+    core = client.CoreV1Api(cluster.api_client)
+    wait_for(
+        lambda: (
+            not deployments(cluster.api_client, namespace)
+            and not pods(cluster.api_client, namespace)
+            and not [
+                s
+                for s in core.list_namespaced_service(namespace).items
+                if s.metadata.labels and s.metadata.labels.get(v.LABEL_NAME) == "gone"
+            ]
+            and not client.NetworkingV1Api(cluster.api_client)
+            .list_namespaced_network_policy(namespace)
+            .items
+        ),
+        "garbage collection",
+        60,
+        interval=0.5,
+    )
+
+
+# ---- 8. idle cost ----------------------------------------------------------------------------
+
+
+def test_idle_operator_makes_no_writes(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, record_property: Any
+) -> None:
+    create_pdd(cluster.api_client, namespace, spec_of(pdd("idle")).dict())
+    wait_settled(cluster.api_client, namespace, "idle")
+    time.sleep(2 * operator.resync_seconds)  # let the last status write land in the cache
+
+    def requests() -> dict[str, float]:
+        m = operator.metrics()
+        return {
+            k.split('verb="')[1].split('"')[0]: val
+            for k, val in m.items()
+            if k.startswith("pdmtp_api_requests_total{")
+        }
+
+    def reconciles() -> float:
+        return sum(
+            val
+            for k, val in operator.metrics().items()
+            if k.startswith("pdmtp_reconcile_total{") and 'name="idle"' in k
+        )
+
+    before, rec_before = requests(), reconciles()
+    resyncs = 4
+    time.sleep(resyncs * operator.resync_seconds + 0.5)
+    after, rec_after = requests(), reconciles()
+    delta = {verb: after.get(verb, 0) - before.get(verb, 0) for verb in after}
+    writes = {verb: n for verb, n in delta.items() if verb not in ("GET", "LIST") and n}
+    assert writes == {}, f"idle operator wrote: {writes}"
+    passes = rec_after - rec_before
+    assert passes >= resyncs - 1
+    per_pass = delta.get("LIST", 0) / passes
+    record_property("idle_reads_per_reconcile", per_pass)
+    print(f"idle: {passes:.0f} reconciles, {per_pass:.1f} reads and 0 writes each")
+    assert per_pass <= 5
