@@ -350,6 +350,13 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from pdmtp.api.docs import field_reference
+
+    print(field_reference(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdmtp",
@@ -359,6 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the PDDeployment CRD (generated from the model)")
     p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("docs", help="print the PDDeployment field reference (Markdown)")
+    p.set_defaults(func=cmd_docs)
 
     p = sub.add_parser(
         "validate",
