@@ -628,7 +628,8 @@ def _https_ok(port: int, path: str) -> bool:
 
 # ---- CLI -------------------------------------------------------------------------------------
 def _cmd_up(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(Path(args.dir), nodes=args.nodes)
+    # Attached: the components die with this process. Detached: they outlive it (and the shell).
+    cluster = LocalCluster(Path(args.dir), nodes=args.nodes, die_with_parent=args.foreground)
     try:
         cluster.start(timeout=args.timeout)
     except ClusterError as exc:
