@@ -273,6 +273,17 @@ class LocalCluster:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 120) -> None:
         """Start every component, wait for readiness, register fake GPU nodes."""
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                return
+            except ClusterError as exc:
+                # free_port() can race with another process grabbing the port before the
+                # component binds it; a fresh set of ports fixes that.
+                if "address already in use" not in str(exc) or attempt == 2:
+                    raise
+
+    def _start(self, timeout: float) -> None:
         missing = missing_binaries(self.bin_dir)
         if missing:
             raise ClusterError(
@@ -330,8 +341,11 @@ class LocalCluster:
             pid = pids.get(name)
             if not pid:
                 continue
-            if self._is_ours(pid, name):
-                _signal_group(pid, signal.SIGTERM)
+            if not self._is_ours(pid, name):
+                # Already gone (or a zombie of ours); a reused pid must never be signalled.
+                _reap(pid)
+                continue
+            _signal_group(pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
             while _group_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
