@@ -17,8 +17,14 @@ PARALLEL="${PDMTP_BUILD_PARALLEL:-2}"
 STAMP="$BIN_DIR/.complete"
 WANT="k8s=$K8S_VERSION etcd=$ETCD_VERSION kwok=$KWOK_VERSION"
 
-# Fast path: the stamp is written last, so its presence means every binary is there.
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+# Fast path: the stamp is written last; still check each binary in case one was removed.
+all_there() {
+  local n
+  for n in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+    [[ -x "$BIN_DIR/$n" ]] || return 1
+  done
+}
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && all_there; then
   echo "cluster binaries up to date in $BIN_DIR ($WANT)"
   exit 0
 fi
