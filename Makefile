@@ -24,27 +24,79 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: venv
 venv: $(VENV)/.installed ## Create .venv with pdmtp and its test/dev tools
 
-.PHONY: crd
-crd: venv ## Regenerate crds/ from the pydantic model
+# ---- generated files ---------------------------------------------------------------------------
+
+.PHONY: generate
+generate: venv ## Regenerate crds/ and docs/api-reference.md from the pydantic model
 	$(VENV)/bin/pdmtp crd > crds/pdmtp.io_pddeployments.yaml
+	$(VENV)/bin/pdmtp docs > docs/api-reference.md
+
+.PHONY: verify
+verify: venv ## Fail if crds/ or docs/ drifted from the model
+	diff -u crds/pdmtp.io_pddeployments.yaml <($(VENV)/bin/pdmtp crd)
+	diff -u docs/api-reference.md <($(VENV)/bin/pdmtp docs)
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, import-linter (core stays pure)
+lint: venv ## ruff, mypy --strict, import-linter (the core stays pure)
 	$(VENV)/bin/ruff check operator tests hack images
 	$(VENV)/bin/ruff format --check operator tests hack images
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
+# ---- local control plane -------------------------------------------------------------------
+
+.PHONY: cluster-bins
+cluster-bins: ## Build etcd, kube-apiserver, -controller-manager, -scheduler, kubectl, KWOK (cached)
+	hack/build-cluster-bins.sh
+
+.PHONY: cluster-up
+cluster-up: venv cluster-bins ## Start the local control plane with fake GPU nodes (.cluster/)
+	$(PY) hack/localcluster.py up --dir .cluster
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane
+	$(PY) hack/localcluster.py down --dir .cluster
+
+# ---- the main job -----------------------------------------------------------------------------
+
+.PHONY: demo
+demo: venv cluster-bins ## Control plane + operator + a PDDeployment to Available + an MTP rollout
+	hack/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop the demo's operator and control plane
+	-[ -f .cluster/operator.pid ] && kill "$$(cat .cluster/operator.pid)" 2>/dev/null; rm -f .cluster/operator.pid
+	$(PY) hack/localcluster.py down --dir .cluster
+
+# ---- tests --------------------------------------------------------------------------------------
+
 .PHONY: test-unit
-test-unit: venv ## Unit tier: pure core, CLI, CRD drift (seconds)
+test-unit: venv ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
 	$(PY) -m pytest tests/unit -q
 
 .PHONY: test-router
-test-router: venv ## Router tier: real vllm-router 0.1.17 against emulated engines on loopback (~1 min)
+test-router: venv ## Router tier: real vllm-router 0.1.17 against emulated engines on loopback
 	$(PY) -m pytest tests/router -q -m router
 
+.PHONY: engine-venv
+engine-venv: ## Build the engine tier's venv (pinned vLLM on CPU + Mooncake), cached
+	hack/engine-venv.sh
+
+.PHONY: test-engine
+test-engine: ## Engine tier: the fixed connector and launcher against real vLLM on CPU
+	ENGINE_PY="$$(hack/engine-venv.sh)/bin/python" && \
+	PYTHONPATH=images/engine:operator "$$ENGINE_PY" -m pytest tests/engine -q -p no:cacheprovider -c tests/engine/pytest.ini
+
+.PHONY: test-cluster
+test-cluster: venv cluster-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
+	$(PY) -m pytest tests/cluster -q -m cluster
+
 .PHONY: test
-test: lint test-unit test-router ## Every tier CI runs
+test: lint test-unit test-router test-cluster test-engine ## Every tier CI runs
+
+.PHONY: kind-e2e
+kind-e2e: venv ## Opt-in e2e on kind (needs Docker, kind v0.33): images, KWOK, deploy/, cluster tier
+	hack/kind-e2e.sh $(KIND_E2E_ARGS)
 
 .PHONY: clean
 clean: ## Remove .venv and local state (keeps the binary cache in ~/.cache/pdmtp)

@@ -84,6 +84,34 @@ def engine_failures(pods: Iterable[Obj]) -> list[EngineFailure]:
     return sorted(failures, key=lambda f: (f.revision, f.role, f.pod))
 
 
+@dataclass(frozen=True)
+class Unschedulable:
+    """A pod the scheduler cannot place (no node has the GPUs, say)."""
+
+    pod: str
+    revision: str
+    role: str
+    message: str
+
+
+def unschedulable(pods: Iterable[Obj]) -> list[Unschedulable]:
+    out = []
+    for pod in pods:
+        if is_terminating(pod):
+            continue
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+                out.append(
+                    Unschedulable(
+                        pod=(pod.get("metadata") or {}).get("name", ""),
+                        revision=labels_of(pod).get(v.LABEL_REVISION, ""),
+                        role=labels_of(pod).get(v.LABEL_ROLE, ""),
+                        message=str(c.get("message", "")),
+                    )
+                )
+    return sorted(out, key=lambda u: u.pod)
+
+
 def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
     return RoleState(replicas, len(pods), sum(is_ready(p) for p in pods))

@@ -210,7 +210,8 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
         and all(update.role(r).replicas == target.replicas(r) for r in ENGINE_ROLES)
         and all(update.role(r).ready == target.replicas(r) for r in ENGINE_ROLES)
         and all(update.role(r).pods == target.replicas(r) for r in ENGINE_ROLES)
-        and update.router.ready == target.router
+        # A router restarting for new engine membership is no rollout: ready is enough.
+        and update.router.ready >= target.router
     )
     return Step((*old_plans, update_plan), complete, requeue)
 

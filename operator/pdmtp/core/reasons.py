@@ -30,6 +30,7 @@ NO_SERVING_REVISION: Final = "NoServingRevision"
 ROLLOUT_IN_PROGRESS: Final = "RolloutInProgress"
 ROLLOUT_COMPLETE: Final = "RolloutComplete"
 ROLLOUT_BLOCKED: Final = "RolloutBlocked"
+PODS_UNSCHEDULABLE: Final = "PodsUnschedulable"
 
 # Degraded reasons.
 AS_EXPECTED: Final = "AsExpected"

@@ -28,11 +28,13 @@ from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.conditions import ConditionUpdate, Transition, set_conditions
 from pdmtp.core.observe import (
     EngineFailure,
+    Unschedulable,
     annotations_of,
     engine_failures,
     format_time,
     labels_of,
     revision_states,
+    unschedulable,
 )
 from pdmtp.core.planner import Policy, RevisionPlan, RevisionState, Step, Target, plan
 from pdmtp.core.planner import availability_floor as floor_of
@@ -165,6 +167,7 @@ def _status(
     states: Sequence[RevisionState],
     step: Step,
     failures: Sequence[EngineFailure],
+    waiting: Sequence[Unschedulable],
     now: str,
 ) -> tuple[dict[str, Any], list[Transition]]:
     spec = pdd.spec
@@ -244,15 +247,28 @@ def _status(
         )
     else:
         olds = [s.revision for s in states if s.revision != target.revision]
-        what = f"from {', '.join(olds)} " if olds else ""
-        updates.append(
-            ConditionUpdate(
-                reasons.PROGRESSING,
-                "True",
-                reasons.ROLLOUT_IN_PROGRESS,
-                f"rolling {what}to {target.revision}",
+        what = f"rolling from {', '.join(olds)} to" if olds else "scaling"
+        stuck = [u for u in waiting if u.revision == target.revision]
+        if stuck:
+            updates.append(
+                ConditionUpdate(
+                    reasons.PROGRESSING,
+                    "True",
+                    reasons.PODS_UNSCHEDULABLE,
+                    f"{what} {target.revision}: the scheduler cannot place {len(stuck)} pod(s) "
+                    f"({stuck[0].role} {stuck[0].pod}: {stuck[0].message}); add capacity or "
+                    "allow spec.rollout.maxUnavailable so old pods make room",
+                )
             )
-        )
+        else:
+            updates.append(
+                ConditionUpdate(
+                    reasons.PROGRESSING,
+                    "True",
+                    reasons.ROLLOUT_IN_PROGRESS,
+                    f"{what} {target.revision}",
+                )
+            )
 
     if failures:
         f = failures[0]
@@ -392,9 +408,10 @@ def decide(observed: Observed, now: float) -> Decision:
                 actions.append(change)
     by_revision = {s.revision: s for s in states}
     for p in step.revisions:
-        actions += _revision_actions(pdd, p, target, agreement, existing, pods)
+        revision_actions = _revision_actions(pdd, p, target, agreement, existing, pods)
+        actions += revision_actions
         before = by_revision.get(p.revision)
-        if p.delete and before is not None:
+        if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             events.append(
                 Event(
                     "Normal", "RevisionRetired", f"Retired revision {p.revision}: its drain is over"
@@ -421,7 +438,10 @@ def decide(observed: Observed, now: float) -> Decision:
 
     # 5. Status.
     failures = engine_failures(pods)
-    status, transitions = _status(pdd, old_status, agreement, target, states, step, failures, stamp)
+    waiting = unschedulable(pods)
+    status, transitions = _status(
+        pdd, old_status, agreement, target, states, step, failures, waiting, stamp
+    )
     events += [_transition_event(t) for t in transitions]
     changed = _drop_none(dict(old_status)) != status
     return Decision(
