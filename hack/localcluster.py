@@ -22,6 +22,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,8 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-K8S_VERSION = os.environ.get("PDMTP_K8S_VERSION", "v1.36.3")
 HACK_DIR = Path(__file__).resolve().parent
+
+
+def _pinned_k8s_version() -> str:
+    # One source of truth: the pin in hack/build-cluster-bins.sh (PDMTP_K8S_VERSION overrides).
+    script = (HACK_DIR / "build-cluster-bins.sh").read_text()
+    found = re.search(r'^K8S_VERSION="\$\{PDMTP_K8S_VERSION:-(v[0-9.]+)\}"$', script, re.M)
+    if not found:
+        raise RuntimeError("cannot read the K8S_VERSION pin in hack/build-cluster-bins.sh")
+    return os.environ.get("PDMTP_K8S_VERSION") or found.group(1)
+
+
+K8S_VERSION = _pinned_k8s_version()
 KWOK_STAGE_DIR = HACK_DIR / "kwok"
 # Start order; teardown runs in reverse so nothing loses its apiserver before it stops.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
