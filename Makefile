@@ -100,4 +100,5 @@ kind-e2e: venv ## Opt-in e2e on kind (needs Docker, kind v0.33): images, KWOK, d
 
 .PHONY: clean
 clean: ## Remove .venv and local state (keeps the binary cache in ~/.cache/pdmtp)
+	-[ -f .cluster/state.json ] && $(PY) hack/localcluster.py down --dir .cluster
 	rm -rf $(VENV) .cluster .pytest_cache .mypy_cache .ruff_cache

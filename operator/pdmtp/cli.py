@@ -337,10 +337,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = Options(
         namespaces=namespaces, resync_seconds=args.resync_seconds, workers=args.workers
     )
-    kube = Kube(
-        load_client(args.kubeconfig),
-        on_request=lambda verb: metrics.api_requests.labels(verb).inc(),
-    )
+    try:
+        api = load_client(args.kubeconfig)
+    except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
+        raise UnusableInput(f"no cluster to talk to: {e}") from e
+    kube = Kube(api, on_request=lambda verb: metrics.api_requests.labels(verb).inc())
     run(kube, options, metrics, liveness=args.liveness or None)
     return 0
 
