@@ -51,6 +51,24 @@ def serve_args(
     return [*args, "--kv-transfer-config", json.dumps(kv_transfer)]
 
 
+def write_tiny_mamba_checkpoint(directory: Path) -> Path:
+    """A pure Mamba checkpoint config: state layers, so vLLM backs the prefill off a token."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["MambaForCausalLM"],
+        "model_type": "mamba",
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "state_size": 8,
+        "num_hidden_layers": 2,
+        "expand": 2,
+        "conv_kernel": 4,
+        "torch_dtype": "float16",
+    }
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 def expectations(role: str, lookahead: int | None, backoff: int | None) -> dict[str, str]:
     env = {vocabulary.ENV_ROLE: role}
     if lookahead is not None:
@@ -165,6 +183,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     root = tmp_path_factory.mktemp("launcher")
     mtp1 = write_tiny_mtp_checkpoint(root / "mtp1", 1)
     mtp3 = write_tiny_mtp_checkpoint(root / "mtp3", 3)
+    mamba = write_tiny_mamba_checkpoint(root / "mamba")
     scenarios: dict[str, dict[str, Any]] = {
         "prefill_matches": {
             "argv": serve_args(mtp3, "kv_producer"),
@@ -197,6 +216,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         "no_speculation_expected_none": {
             "argv": serve_args(mtp3, "kv_producer", method=None),
             "env": expectations("prefill", 0, 0),
+        },
+        "mamba_state_backoff_expected": {
+            "argv": serve_args(mamba, "kv_producer", method=None),
+            "env": expectations("prefill", 0, 1),
+        },
+        "mamba_state_backoff_missed": {
+            "argv": serve_args(mamba, "kv_consumer", method=None),
+            "env": expectations("decode", 0, 0),
         },
         "unknown_role": {
             "argv": serve_args(mtp3, "kv_producer"),
@@ -277,6 +304,7 @@ def assert_accepted(runs: Runs, name: str) -> None:
         "decode_matches_without_vllm_word",
         "not_pinned_is_not_compared",
         "no_speculation_expected_none",
+        "mamba_state_backoff_expected",
         "operator_prefill",
         "operator_decode",
     ],
@@ -308,6 +336,15 @@ def test_backoff_mismatch_refused(runs: Runs) -> None:
         "backoff_mismatch",
         "prefill backoff mismatch: operator expects 0, vLLM computes 2 "
         "(lookahead=3 state_backoff=0: no state layers)",
+    )
+
+
+def test_state_layers_backoff_the_operator_missed_is_caught(runs: Runs) -> None:
+    assert_refused(
+        runs,
+        "mamba_state_backoff_missed",
+        "prefill backoff mismatch: operator expects 0, vLLM computes 1 "
+        "(lookahead=0 state_backoff=1: Mamba-style state layers)",
     )
 
 
