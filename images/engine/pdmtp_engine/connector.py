@@ -52,10 +52,6 @@ def prefill_backoff(lookahead: int, state_backoff: int) -> int:
     return max(state_backoff, lookahead - 1)
 
 
-def _parameter_names(function: Callable[..., Any]) -> list[str]:
-    return list(inspect.signature(function).parameters)
-
-
 def _require(condition: bool, what: str) -> None:
     if not condition:
         raise IncompatibleVllmError(
@@ -64,36 +60,48 @@ def _require(condition: bool, what: str) -> None:
         )
 
 
-def _references(function: Callable[..., Any], names: Iterable[str]) -> bool:
-    """Whether the function's bytecode names every one of `names` (calls or attributes)."""
-    referenced = set(function.__code__.co_names)
-    return all(name in referenced for name in names)
+def _method(owner: type, name: str) -> Callable[..., Any]:
+    member = getattr(owner, name, None)
+    _require(callable(member), f"has no {owner.__name__}.{name}")
+    assert member is not None
+    return member
+
+
+def _parameter_names(owner: type, name: str) -> list[str]:
+    return list(inspect.signature(_method(owner, name)).parameters)
+
+
+def _references(owner: type, name: str, names: Iterable[str]) -> bool:
+    """Whether the method's bytecode names every one of `names` (calls or attributes)."""
+    referenced = set(_method(owner, name).__code__.co_names)
+    return all(n in referenced for n in names)
 
 
 def check_vllm_compatibility() -> None:
     """Fail loudly unless vLLM has every private member this module depends on."""
     _require(
-        _parameter_names(MooncakeConnector.__init__)
+        _parameter_names(MooncakeConnector, "__init__")
         == ["self", "vllm_config", "role", "kv_cache_config"],
         "MooncakeConnector.__init__ is not (vllm_config, role, kv_cache_config)",
     )
     # The parent builds its scheduler half directly; we replace it after construction.
     _require(
-        _references(MooncakeConnector.__init__, ["MooncakeConnectorScheduler"])
-        and _references(MooncakeConnector.on_new_request, ["on_new_request"])
-        and _references(MooncakeConnector.get_num_new_matched_tokens, ["connector_scheduler"]),
+        _references(MooncakeConnector, "__init__", ["MooncakeConnectorScheduler"])
+        and _references(MooncakeConnector, "on_new_request", ["on_new_request"])
+        and _references(MooncakeConnector, "get_num_new_matched_tokens", ["connector_scheduler"]),
         "MooncakeConnector no longer delegates to self.connector_scheduler",
     )
     _require(
-        _parameter_names(MooncakeConnectorScheduler.__init__)
+        _parameter_names(MooncakeConnectorScheduler, "__init__")
         == ["self", "vllm_config", "engine_id", "kv_cache_config"],
         "MooncakeConnectorScheduler.__init__ is not (vllm_config, engine_id, kv_cache_config)",
     )
     _require(
-        _parameter_names(MooncakeConnectorScheduler._get_remote_prefill_token_count)
+        _parameter_names(MooncakeConnectorScheduler, "_get_remote_prefill_token_count")
         == ["self", "num_prompt_tokens"]
         and _references(
-            MooncakeConnectorScheduler.get_num_new_matched_tokens,
+            MooncakeConnectorScheduler,
+            "get_num_new_matched_tokens",
             ["_get_remote_prefill_token_count"],
         ),
         "MooncakeConnectorScheduler does not size remote prefill loads through "
@@ -101,9 +109,11 @@ def check_vllm_compatibility() -> None:
     )
     # on_new_request is replaced wholesale: it must still do nothing but the Mamba truncation,
     # or replacing it would drop new behaviour.
-    stock_on_new_request_names = set(MooncakeConnectorScheduler.on_new_request.__code__.co_names)
+    stock_on_new_request_names = set(
+        _method(MooncakeConnectorScheduler, "on_new_request").__code__.co_names
+    )
     _require(
-        _parameter_names(MooncakeConnectorScheduler.on_new_request) == ["self", "request"]
+        _parameter_names(MooncakeConnectorScheduler, "on_new_request") == ["self", "request"]
         and stock_on_new_request_names
         <= {
             "kv_transfer_params",
@@ -117,12 +127,13 @@ def check_vllm_compatibility() -> None:
     )
     _require(
         isinstance(getattr(VllmConfig, "num_prefill_lookahead_tokens", None), property),
-        "VllmConfig has no num_prefill_lookahead_tokens property",
+        "has no VllmConfig.num_prefill_lookahead_tokens property",
     )
+    _method(Request, "get_skip_reading_prefix_cache")
     _require(
-        callable(getattr(Request, "get_skip_reading_prefix_cache", None))
-        and _references(
-            Request.__init__,
+        _references(
+            Request,
+            "__init__",
             [
                 "prompt_token_ids",
                 "prompt_embeds",
@@ -133,7 +144,7 @@ def check_vllm_compatibility() -> None:
             ],
         ),
         "Request lacks prompt_token_ids/prompt_embeds/_all_token_ids/num_prompt_tokens/"
-        "max_tokens/kv_transfer_params or get_skip_reading_prefix_cache()",
+        "max_tokens/kv_transfer_params",
     )
 
 
