@@ -440,7 +440,12 @@ def test_engine_termination_message_surfaces_as_degraded(
     b = (
         pdd("deg")
         .mtp(3, modules=3)
-        .decode(podAnnotations={"pdmtp.io/fake-terminate-message": message})
+        .decode(
+            podAnnotations={
+                "pdmtp.io/fake-terminate-message": message,
+                "pdmtp.io/fake-exit-code": str(v.LAUNCHER_REFUSED_EXIT_CODE),
+            }
+        )
     )
     create_pdd(cluster.api_client, namespace, b.dict())
     obj = wait_for(
@@ -452,6 +457,7 @@ def test_engine_termination_message_surfaces_as_degraded(
     )
     c = condition(obj, "Degraded")
     assert c is not None and message in c["message"] and "decode pod" in c["message"]
+    assert c["reason"] == "EngineRefusedConfig"
     assert not is_true(obj, "Available")
 
 
