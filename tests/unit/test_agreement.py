@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from builders import pdd
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from pdmtp.core import reasons
 from pdmtp.core.agreement import check
@@ -23,7 +23,7 @@ from pdmtp.core.lookahead import (
     [
         (None, 3, 3, 0),
         ("ngram", 4, 1, 0),
-        ("medusa", 3, 1, 0),
+        ("draft_model", 3, 1, 0),
         ("eagle", 1, 1, 1),
         ("eagle", 5, 1, 1),
         ("eagle3", 3, 4, 1),
@@ -141,6 +141,19 @@ def test_eagle_needs_a_draft_model() -> None:
     assert [f.reason for f in a.findings] == [reasons.DRAFT_MODEL_MISSING]
 
 
+@pytest.mark.parametrize(
+    ("k", "modules", "ok"),
+    [(3, 3, True), (2, 3, True), (6, 3, True), (4, 3, False), (5, 2, False), (4, 2, True)],
+)
+def test_more_draft_tokens_than_modules_must_be_a_multiple(k: int, modules: int, ok: bool) -> None:
+    a = check(pdd().mtp(k, modules=modules).build().spec)
+    assert a.compatible is ok
+    if not ok:
+        # Both roles run the same k here: one finding per role.
+        assert [f.reason for f in a.findings] == [reasons.SPECULATIVE_TOKENS_INDIVISIBLE] * 2
+        assert "spec.prefill" in a.findings[0].message
+
+
 def test_rdma_needs_devices() -> None:
     assert [f.reason for f in check(pdd().rdma().build().spec).findings] == [
         reasons.RDMA_DEVICES_MISSING
@@ -210,6 +223,8 @@ def test_compatible_means_both_roles_derive_the_same_lookahead(
     if method == "eagle":
         b.set(speculative={"method": "eagle", "numSpeculativeTokens": 1, "draftModel": "d"})
     a = check(b.build().spec)
+    # Only the lookahead rules are under test here (vLLM's divisibility rule has its own test).
+    assume(all(f.reason != reasons.SPECULATIVE_TOKENS_INDIVISIBLE for f in a.findings))
     real_modules = modules if modules is not None else 1
     truths = {
         m: (prefill_lookahead(method, k_p, m), prefill_lookahead(method, k_d, m))

@@ -49,7 +49,12 @@ class _Model(BaseModel):
 
 
 SPECULATIVE_METHODS: tuple[str, ...] = tuple(
-    sorted(LOOKAHEAD_METHODS | MTP_METHOD_ALIASES | {"ngram", "medusa", "mlp_speculator"})
+    sorted(
+        LOOKAHEAD_METHODS
+        | MTP_METHOD_ALIASES
+        # The other methods vLLM 0.33.0 accepts (custom_class needs code in the image: left out).
+        | {"ngram", "ngram_gpu", "draft_model", "suffix", "extract_hidden_states"}
+    )
 )
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")

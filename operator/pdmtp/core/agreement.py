@@ -14,7 +14,7 @@ from pdmtp.core import reasons
 from pdmtp.core.flags import OWNED_FLAGS, owned_flags_in
 from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_lookahead
 
-DRAFT_MODEL_METHODS = frozenset({"eagle", "eagle3", "medusa", "mlp_speculator"})
+DRAFT_MODEL_METHODS = frozenset({"eagle", "eagle3", "draft_model"})
 """Methods that draft with a separate model and so need spec.speculative.draftModel."""
 
 
@@ -141,6 +141,23 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
                 "set spec.speculative.draftModel",
             )
         )
+    modules = spec.model.mtp_modules
+    if (
+        spec.speculative is not None
+        and normalise_method(spec.speculative.method) == "mtp"
+        and modules
+    ):
+        for name, role in _roles(spec).items():
+            k = speculative_tokens(spec, role)
+            if k is not None and k > modules and k % modules:
+                findings.append(
+                    Finding(
+                        reasons.SPECULATIVE_TOKENS_INDIVISIBLE,
+                        f"spec.{name} runs numSpeculativeTokens {k} with mtpModules {modules}: "
+                        "vLLM refuses more draft tokens than MTP modules unless they are a "
+                        f"multiple; use at most {modules} or a multiple of it",
+                    )
+                )
     if spec.kv_transfer.protocol == "rdma" and not spec.kv_transfer.device_names:
         findings.append(
             Finding(

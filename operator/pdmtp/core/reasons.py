@@ -19,6 +19,7 @@ OWNED_FLAG_IN_EXTRA_ARGS: Final = "OwnedFlagInExtraArgs"
 SPECULATIVE_OVERRIDE_WITHOUT_METHOD: Final = "SpeculativeOverrideWithoutMethod"
 RDMA_DEVICES_MISSING: Final = "RDMADevicesMissing"
 DRAFT_MODEL_MISSING: Final = "DraftModelMissing"
+SPECULATIVE_TOKENS_INDIVISIBLE: Final = "SpeculativeTokensIndivisible"
 INVALID_SPEC: Final = "InvalidSpec"
 
 # Available reasons.
