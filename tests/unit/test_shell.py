@@ -1,0 +1,116 @@
+"""The thin shell's own logic: the API adapter's retries and the work queue's guarantees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pdmtp.controller import WorkQueue
+from pdmtp.kube import ApiError, Kube
+
+
+@dataclass
+class Response:
+    status: int
+    body: Any = None
+    reason: str = ""
+
+    def read(self) -> bytes:
+        return json.dumps(self.body or {}).encode()
+
+
+@dataclass
+class FakeApi:
+    """Stands in for kubernetes.client.ApiClient: records requests, answers from a script."""
+
+    answers: list[Response]
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def param_serialize(self, method: str, resource_path: str, **kw: Any) -> tuple[Any, ...]:
+        query = "&".join(f"{k}={v}" for k, v in kw.get("query_params") or [])
+        return method, f"{resource_path}?{query}", kw["header_params"], kw.get("body"), None
+
+    def call_api(self, method: str, url: str, header_params: Any, body: Any = None) -> Response:
+        self.calls.append({"method": method, "url": url, "headers": header_params, "body": body})
+        return self.answers.pop(0)
+
+
+def kube(*answers: Response) -> tuple[Kube, FakeApi]:
+    api = FakeApi(list(answers))
+    verbs: list[str] = []
+    k = Kube(api, base_delay=0.001, on_request=verbs.append)  # type: ignore[arg-type]
+    return k, api
+
+
+MANIFEST = {"kind": "Deployment", "metadata": {"name": "d", "namespace": "ns"}, "spec": {}}
+
+
+def test_apply_is_a_forced_server_side_apply() -> None:
+    k, api = kube(Response(200, {"kind": "Deployment"}))
+    k.apply(MANIFEST)
+    (call,) = api.calls
+    assert call["method"] == "PATCH"
+    assert call["url"].startswith("/apis/apps/v1/namespaces/ns/deployments/d?")
+    assert "fieldManager=pdmtp" in call["url"] and "force=true" in call["url"]
+    assert call["headers"]["Content-Type"] == "application/apply-patch+yaml"
+
+
+@pytest.mark.parametrize("status", [409, 429, 500, 503])
+def test_conflicts_throttling_and_server_errors_are_retried(status: int) -> None:
+    k, api = kube(Response(status), Response(status), Response(200, {}))
+    k.apply(MANIFEST)
+    assert len(api.calls) == 3
+
+
+def test_client_errors_are_not_retried() -> None:
+    k, api = kube(Response(422, {"message": "invalid"}))
+    with pytest.raises(ApiError) as e:
+        k.apply(MANIFEST)
+    assert e.value.status == 422 and len(api.calls) == 1
+
+
+def test_retries_give_up() -> None:
+    k, api = kube(*[Response(503)] * 5)
+    with pytest.raises(ApiError):
+        k.apply(MANIFEST)
+    assert len(api.calls) == 5
+
+
+def test_not_found_means_done_for_delete_scale_and_status() -> None:
+    k, api = kube(Response(404), Response(404), Response(404))
+    k.delete("Deployment", "ns", "gone")
+    k.scale("ns", "gone", 0)
+    k.patch_status("ns", "gone", {"a": 1}, {})
+    assert [c["method"] for c in api.calls] == ["DELETE", "PATCH", "PATCH"]
+
+
+def test_status_patch_clears_fields_the_new_status_dropped() -> None:
+    k, api = kube(Response(200, {}))
+    k.patch_status("ns", "x", {"conditions": []}, {"conditions": [1], "lookahead": {"a": 1}})
+    assert api.calls[0]["body"] == {"status": {"conditions": [], "lookahead": None}}
+    assert api.calls[0]["url"].startswith(
+        "/apis/pdmtp.io/v1alpha1/namespaces/ns/pddeployments/x/status"
+    )
+
+
+def test_work_queue_deduplicates_and_serialises_a_key() -> None:
+    async def scenario() -> list[tuple[str, str]]:
+        q = WorkQueue()
+        a, b = ("ns", "a"), ("ns", "b")
+        q.add(a)
+        q.add(a)
+        q.add(b)
+        assert len(q) == 2
+        first = await q.get()
+        q.add(first)  # changed while being worked on: not handed out again yet...
+        second = await q.get()
+        assert second != first and len(q) == 0
+        q.done(first)  # ...but re-queued once the pass ends
+        assert len(q) == 1
+        return [first, second, await q.get()]
+
+    order = asyncio.run(scenario())
+    assert order == [("ns", "a"), ("ns", "b"), ("ns", "a")]
