@@ -50,65 +50,52 @@ def is_ready(pod: Obj) -> bool:
 
 
 @dataclass(frozen=True)
-class EngineFailure:
-    """An engine container that ended with a termination message (the launcher's refusal)."""
+class PodIssue:
+    """A pod whose status explains a stalled or failing revision."""
 
     pod: str
     revision: str
     role: str
-    exit_code: int
     message: str
+    exit_code: int = 0
+    """For a terminated container: its exit code (the launcher refuses with 3)."""
 
 
-def engine_failures(pods: Iterable[Obj]) -> list[EngineFailure]:
+def _issue(pod: Obj, message: str, exit_code: int = 0) -> PodIssue:
+    return PodIssue(
+        pod=(pod.get("metadata") or {}).get("name", ""),
+        revision=labels_of(pod).get(v.LABEL_REVISION, ""),
+        role=labels_of(pod).get(v.LABEL_ROLE, ""),
+        message=message,
+        exit_code=exit_code,
+    )
+
+
+def engine_failures(pods: Iterable[Obj]) -> list[PodIssue]:
     """Engine containers that terminated with a message, now or in their last run."""
     failures = []
     for pod in pods:
-        role = labels_of(pod).get(v.LABEL_ROLE)
-        if role not in v.ENGINE_ROLES or is_terminating(pod):
+        if labels_of(pod).get(v.LABEL_ROLE) not in v.ENGINE_ROLES or is_terminating(pod):
             continue
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
             for state in (status.get("state") or {}, status.get("lastState") or {}):
                 ended = state.get("terminated")
                 if ended and ended.get("message") and ended.get("exitCode", 0) != 0:
-                    failures.append(
-                        EngineFailure(
-                            pod=(pod.get("metadata") or {}).get("name", ""),
-                            revision=labels_of(pod).get(v.LABEL_REVISION, ""),
-                            role=role,
-                            exit_code=int(ended.get("exitCode", 0)),
-                            message=str(ended["message"]).strip(),
-                        )
-                    )
+                    message = str(ended["message"]).strip()
+                    failures.append(_issue(pod, message, int(ended["exitCode"])))
                     break
     return sorted(failures, key=lambda f: (f.revision, f.role, f.pod))
 
 
-@dataclass(frozen=True)
-class Unschedulable:
-    """A pod the scheduler cannot place (no node has the GPUs, say)."""
-
-    pod: str
-    revision: str
-    role: str
-    message: str
-
-
-def unschedulable(pods: Iterable[Obj]) -> list[Unschedulable]:
+def unschedulable(pods: Iterable[Obj]) -> list[PodIssue]:
+    """Pods the scheduler cannot place (no node has the GPUs, say)."""
     out = []
     for pod in pods:
         if is_terminating(pod):
             continue
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
-                out.append(
-                    Unschedulable(
-                        pod=(pod.get("metadata") or {}).get("name", ""),
-                        revision=labels_of(pod).get(v.LABEL_REVISION, ""),
-                        role=labels_of(pod).get(v.LABEL_ROLE, ""),
-                        message=str(c.get("message", "")),
-                    )
-                )
+                out.append(_issue(pod, str(c.get("message", ""))))
     return sorted(out, key=lambda u: u.pod)
 
 

@@ -27,8 +27,7 @@ from pdmtp.core import vocabulary as v
 from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.conditions import ConditionUpdate, Transition, set_conditions
 from pdmtp.core.observe import (
-    EngineFailure,
-    Unschedulable,
+    PodIssue,
     annotations_of,
     engine_failures,
     format_time,
@@ -108,7 +107,7 @@ class Decision:
     requeue_after: float | None
     step: Step | None = None
     agreement: Agreement | None = None
-    failures: tuple[EngineFailure, ...] = field(default=())
+    failures: tuple[PodIssue, ...] = field(default=())
 
 
 def manifest_hash(manifest: Manifest) -> str:
@@ -166,8 +165,8 @@ def _status(
     target: Target,
     states: Sequence[RevisionState],
     step: Step,
-    failures: Sequence[EngineFailure],
-    waiting: Sequence[Unschedulable],
+    failures: Sequence[PodIssue],
+    waiting: Sequence[PodIssue],
     now: str,
 ) -> tuple[dict[str, Any], list[Transition]]:
     spec = pdd.spec
