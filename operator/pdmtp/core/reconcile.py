@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -105,9 +105,8 @@ class Decision:
     status_changed: bool
     events: tuple[Event, ...]
     requeue_after: float | None
-    step: Step | None = None
     agreement: Agreement | None = None
-    failures: tuple[PodIssue, ...] = field(default=())
+    """None when the spec could not be parsed at all."""
 
 
 def manifest_hash(manifest: Manifest) -> str:
@@ -443,16 +442,7 @@ def decide(observed: Observed, now: float) -> Decision:
     )
     events += [_transition_event(t) for t in transitions]
     changed = _drop_none(dict(old_status)) != status
-    return Decision(
-        tuple(actions),
-        status,
-        changed,
-        tuple(events),
-        step.requeue_after,
-        step,
-        agreement,
-        tuple(failures),
-    )
+    return Decision(tuple(actions), status, changed, tuple(events), step.requeue_after, agreement)
 
 
 def _revision_actions(
