@@ -325,6 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pdmtp.controller import Options, run
     from pdmtp.kube import Kube, load_client
     from pdmtp.metrics import Metrics
+    from pdmtp.webhook import WebhookOptions
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -342,7 +343,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
         raise UnusableInput(f"no cluster to talk to: {e}") from e
     kube = Kube(api, on_request=lambda verb: metrics.api_requests.labels(verb).inc())
-    run(kube, options, metrics, liveness=args.liveness or None)
+    webhook = None
+    if args.webhook_listen:
+        addr, _, port = args.webhook_listen.rpartition(":")
+        webhook = WebhookOptions(
+            addr=addr, port=int(port), host=args.webhook_host or addr, manage=args.webhook_manage
+        )
+    run(kube, options, metrics, liveness=args.liveness or None, webhook=webhook)
     return 0
 
 
@@ -415,6 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--liveness",
         default="http://0.0.0.0:8081/healthz",
         help="kopf liveness endpoint URL (empty: none)",
+    )
+    p.add_argument(
+        "--webhook-listen",
+        metavar="ADDR:PORT",
+        help="serve the validating admission webhook here (off by default)",
+    )
+    p.add_argument("--webhook-host", help="name the API server dials (default: ADDR)")
+    p.add_argument(
+        "--webhook-manage",
+        action="store_true",
+        help="create/update the ValidatingWebhookConfiguration (needs RBAC for it)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_run)

@@ -22,9 +22,11 @@ from typing import Any
 import kopf
 
 from pdmtp.core import vocabulary as v
+from pdmtp.core.admission import admission_problems
 from pdmtp.core.reconcile import Apply, Decision, Delete, Event, Observed, Scale, decide
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
+from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
 
 log = logging.getLogger("pdmtp")
 
@@ -208,7 +210,9 @@ def connection_info(cfg: Any) -> kopf.ConnectionInfo:
     )
 
 
-def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+def build_registry(
+    controller: Controller, webhook: WebhookOptions | None = None
+) -> kopf.OperatorRegistry:
     """kopf handlers of the operator, in a registry of their own (no module-level state)."""
     registry = kopf.OperatorRegistry()
     managed = {v.LABEL_MANAGED_BY: v.MANAGED_BY}
@@ -228,6 +232,10 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         settings.peering.standalone = True
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        if webhook is not None:
+            settings.admission.server = server(webhook)
+            if webhook.manage:
+                settings.admission.managed = MANAGED_CONFIGURATION
         await controller.start()
 
     @kopf.on.cleanup(registry=registry)
@@ -246,6 +254,23 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
     def pod_event(body: kopf.Body, **_: Any) -> None:
         controller.on_child_event(body)
 
+    if webhook is not None:
+        # failurePolicy Ignore: an operator that is down must not block every apply; the CRD's
+        # CEL rules and the operator's own check remain.
+        @kopf.on.validate(
+            v.GROUP,
+            v.VERSION,
+            v.PLURAL,
+            id="agreement",
+            ignore_failures=True,
+            operations=["CREATE", "UPDATE"],
+            registry=registry,
+        )
+        def admit(body: kopf.Body, **_: Any) -> None:
+            problems = admission_problems(body)
+            if problems:
+                raise kopf.AdmissionError("; ".join(problems), code=422)
+
     return registry
 
 
@@ -254,10 +279,11 @@ def run(
     options: Options,
     metrics: Metrics,
     liveness: str | None = None,
+    webhook: WebhookOptions | None = None,
 ) -> None:
     """Run the operator until interrupted."""
     controller = Controller(kube, options, metrics)
-    registry = build_registry(controller)
+    registry = build_registry(controller, webhook)
     kopf.configure(verbose=False)
     asyncio.run(
         kopf.operator(

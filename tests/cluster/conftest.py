@@ -148,3 +148,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     except ApiException as exc:
         if exc.status != 404:
             raise
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> None:
+    """The product CRD, installed once per session and served."""
+    install_crd(cluster.api_client, REPO / "crds" / "pdmtp.io_pddeployments.yaml")

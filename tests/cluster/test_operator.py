@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
-from cluster.kubehelpers import Cluster, install_crd, wait_for
+from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from operator_harness import (
     Limits,
@@ -35,11 +35,6 @@ REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
 READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
 ROLL_TIMEOUT = 120
-
-
-@pytest.fixture(scope="session")
-def crd(cluster: Cluster) -> None:
-    install_crd(cluster.api_client, CRD)
 
 
 @pytest.fixture

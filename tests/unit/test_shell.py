@@ -114,3 +114,27 @@ def test_work_queue_deduplicates_and_serialises_a_key() -> None:
 
     order = asyncio.run(scenario())
     assert order == [("ns", "a"), ("ns", "b"), ("ns", "a")]
+
+
+def test_admission_uses_the_agreement_rules() -> None:
+    from builders import pdd
+    from pdmtp.core.admission import admission_problems
+
+    assert admission_problems(pdd().mtp(3, modules=3).dict()) == []
+    (problem,) = admission_problems(pdd().mtp(3).prefill(k=2).dict())
+    assert problem.startswith("MTPModulesUnknown: ")
+    broken = pdd().dict()
+    broken["spec"]["decode"]["replicas"] = -2
+    assert any("spec.decode.replicas" in p for p in admission_problems(broken))
+
+
+def test_webhook_certificate_names_the_host_and_address(tmp_path: Any) -> None:
+    from cryptography import x509
+    from pdmtp.webhook import self_signed
+
+    cert_path, key_path, pem = self_signed(["pdmtp-operator.pdmtp-system.svc", "0.0.0.0"], tmp_path)
+    cert = x509.load_pem_x509_certificate(pem)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["pdmtp-operator.pdmtp-system.svc"]
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["0.0.0.0"]
+    assert cert_path.read_bytes() == pem and oct(key_path.stat().st_mode)[-3:] == "600"
