@@ -253,18 +253,31 @@ class RolloutWatcher:
             t.join(10)
 
     def _follow(self, what: str, lister: Any, selector: str) -> None:
+        """List, then watch from the list's resourceVersion; on every reconnect list again and
+        replace the view, so a pod deleted while no watch was open never lingers in it."""
         store = self.pods if what == "pod" else self.deployments
         while not self._stop.is_set():
             w = watch.Watch()
             try:
+                listed = lister(self.namespace, label_selector=selector)
+                items = {
+                    i.metadata.name: self.api.sanitize_for_serialization(i) for i in listed.items
+                }
+                with self._lock:
+                    store.clear()
+                    store.update(items)
+                    self._check(time.time(), f"LIST {what}s")
                 for event in w.stream(
                     lister,
                     self.namespace,
                     label_selector=selector,
-                    timeout_seconds=5,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=30,
                     _preload_content=False,
                 ):
                     raw = event["raw_object"]
+                    if event["type"] == "ERROR":
+                        break  # e.g. 410 Gone: list again
                     key = raw["metadata"]["name"]
                     with self._lock:
                         if event["type"] == "DELETED":
@@ -275,10 +288,9 @@ class RolloutWatcher:
                         self._check(time.time(), f"{event['type']} {what} {key}")
                     if self._stop.is_set():
                         break
-            except Exception as e:  # a dropped watch is re-opened; note it for the log
+            except Exception:  # a dropped watch is re-opened after a fresh list
                 if not self._stop.is_set():
                     time.sleep(0.2)
-                    del e
             finally:
                 w.stop()
 
