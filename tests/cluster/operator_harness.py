@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,10 +22,21 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
-from localcluster import free_port
 from pdmtp.core import vocabulary as v
 
 CUSTOM = (v.GROUP, v.VERSION)
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1, held open together while they are picked."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 class OperatorProcess:
@@ -38,6 +50,7 @@ class OperatorProcess:
         resync_seconds: float = 2.0,
         extra_env: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
+        webhook: bool = False,
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespaces = namespaces
@@ -45,12 +58,39 @@ class OperatorProcess:
         self.resync_seconds = resync_seconds
         self.extra_env = extra_env or {}
         self.extra_args = extra_args or []
-        self.metrics_port = free_port()
-        self.liveness_port = free_port()
+        # All at once: free ports picked one by one may repeat, and then the liveness probe
+        # would be answered by the metrics server.
+        self.metrics_port, self.liveness_port, self.webhook_port = free_ports(3)
+        if webhook:
+            self.extra_args += [
+                "--webhook-listen",
+                f"127.0.0.1:{self.webhook_port}",
+                "--webhook-manage",
+            ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout: float = 30) -> None:
+    def start(self, timeout: float = 30, attempts: int = 3) -> None:
+        """Start and wait until kopf's liveness endpoint answers; a port taken meanwhile by
+        another process (the race every free-port pick has) gets fresh ports and a retry."""
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                return
+            except (RuntimeError, TimeoutError):
+                if "address already in use" not in self.log_tail(40) or attempt == attempts - 1:
+                    raise
+                self.kill()
+                self._repick_ports()
+
+    def _repick_ports(self) -> None:
+        old = (self.metrics_port, self.liveness_port, self.webhook_port)
+        self.metrics_port, self.liveness_port, self.webhook_port = free_ports(3)
+        self.extra_args = [
+            a.replace(f":{old[2]}", f":{self.webhook_port}") for a in self.extra_args
+        ]
+
+    def _start_once(self, timeout: float) -> None:
         args = [
             sys.executable,
             "-m",
@@ -86,7 +126,8 @@ class OperatorProcess:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
                 ) as r:
-                    if r.status == 200:
+                    # kopf answers JSON; anything else on this port is not our operator.
+                    if r.status == 200 and r.headers.get_content_type() == "application/json":
                         return
             except OSError:
                 pass

@@ -11,7 +11,6 @@ from builders import pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from localcluster import free_port
 from operator_harness import OperatorProcess, create_pdd
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
@@ -25,13 +24,7 @@ def webhook_operator(
 ) -> Iterator[OperatorProcess]:
     if cluster.local is None:
         pytest.skip("a containerised API server cannot reach a webhook on the host's loopback")
-    port = free_port()
-    op = OperatorProcess(
-        cluster.kubeconfig,
-        [namespace],
-        tmp_path / "operator.log",
-        extra_args=["--webhook-listen", f"127.0.0.1:{port}", "--webhook-manage"],
-    )
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log", webhook=True)
     op.start()
     admission = client.AdmissionregistrationV1Api(cluster.api_client)
     try:
