@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,21 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, watch
+from loopback import free_ports
 from pdmtp.core import vocabulary as v
 
 CUSTOM = (v.GROUP, v.VERSION)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports on 127.0.0.1, held open together while they are picked."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class OperatorProcess:

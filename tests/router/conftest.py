@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import free_ports
 from pdmtp.core.router import Prefill, static_router_args
 from router.emulator import EngineEmulator, EngineFactory, Role
-from router.harness import LOOPBACK, RouterFactory, RouterProcess, find_router_binary, free_port
+from router.harness import LOOPBACK, RouterFactory, RouterProcess, find_router_binary
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,7 +60,7 @@ def start_router(router_binary: Path) -> Iterator[RouterFactory]:
         policy: str = "round_robin",
         wait_ready: bool = True,
     ) -> RouterProcess:
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = free_ports(2)
         args = static_router_args(
             prefills=[Prefill(p.url, p.bootstrap_port) for p in prefills],
             decodes=[d.url for d in decodes],

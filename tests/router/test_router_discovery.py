@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from loopback import free_ports
 from pdmtp.core.vocabulary import ANNOTATION_BOOTSTRAP_PORT, LABEL_NAME, LABEL_REVISION, LABEL_ROLE
 from router.emulator import EngineFactory
 from router.fake_kube import FakeKube
@@ -87,7 +88,7 @@ def test_discovery_mode_never_learns_prefill_engine_ids(
         pod("d0", "::1", "decode", {}),
     ]
     selector = [f"{LABEL_NAME}=demo", f"{LABEL_REVISION}=r1"]
-    router_port = free_port()
+    router_port, metrics_port = free_ports(2)
     args = [
         "--vllm-pd-disaggregation",
         "--kv-connector",
@@ -112,7 +113,7 @@ def test_discovery_mode_never_learns_prefill_engine_ids(
         "--prometheus-host",
         LOOPBACK,
         "--prometheus-port",
-        str(free_port()),
+        str(metrics_port),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(kube.write_kubeconfig(tmp_path / "kubeconfig", NAMESPACE))
