@@ -19,8 +19,11 @@ def launcher(router_binary: Path) -> Any:
 
 def membership() -> Membership:
     return Membership(
-        prefills=(Prefill("http://10.0.0.1:8000", 8998), Prefill("http://[fd00::2]:8000", 9000)),
-        decodes=("http://10.0.1.1:8000",),
+        prefills=(
+            Prefill("http://198.51.100.1:8000", 8998),
+            Prefill("http://[2001:db8::2]:8000", 9000),
+        ),
+        decodes=("http://203.0.113.1:8000",),
         token="t",
     )
 
@@ -32,8 +35,11 @@ def test_router_reads_the_rendered_args_as_meant(launcher: Any, policy: str) -> 
     assert parsed.kv_connector == "mooncake"
     assert parsed.policy == policy
     assert parsed.prefill_policy is None and parsed.decode_policy is None
-    assert parsed.prefill_urls == [("http://10.0.0.1:8000", 8998), ("http://[fd00::2]:8000", 9000)]
-    assert parsed.decode_urls == ["http://10.0.1.1:8000"]
+    assert parsed.prefill_urls == [
+        ("http://198.51.100.1:8000", 8998),
+        ("http://[2001:db8::2]:8000", 9000),
+    ]
+    assert parsed.decode_urls == ["http://203.0.113.1:8000"]
     assert (parsed.host, parsed.port) == ("0.0.0.0", ROUTER_HTTP_PORT)
     assert (parsed.prometheus_host, parsed.prometheus_port) == ("0.0.0.0", ROUTER_METRICS_PORT)
     assert parsed.service_discovery is False

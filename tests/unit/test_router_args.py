@@ -63,8 +63,8 @@ def pod(
 
 def test_static_args_exact() -> None:
     args = static_router_args(
-        prefills=[("http://10.0.0.1:8000", 8998), Prefill("http://10.0.0.2:8000", 9000)],
-        decodes=["http://10.0.1.1:8000"],
+        prefills=[("http://198.51.100.1:8000", 8998), Prefill("http://198.51.100.2:8000", 9000)],
+        decodes=["http://203.0.113.1:8000"],
         policy="power_of_two",
         host="127.0.0.1",
         port=30000,
@@ -80,13 +80,13 @@ def test_static_args_exact() -> None:
         "--policy",
         "power_of_two",
         "--prefill",
-        "http://10.0.0.1:8000",
+        "http://198.51.100.1:8000",
         "8998",
         "--prefill",
-        "http://10.0.0.2:8000",
+        "http://198.51.100.2:8000",
         "9000",
         "--decode",
-        "http://10.0.1.1:8000",
+        "http://203.0.113.1:8000",
         "--host",
         "127.0.0.1",
         "--port",
@@ -129,7 +129,7 @@ def test_router_needs_no_kubernetes_api_access() -> None:
 
 def test_in_cluster_args_listen_on_the_fixed_ports() -> None:
     m = revision_membership(
-        [pod("10.0.0.1", "prefill"), pod("10.0.1.1", "decode")],
+        [pod("198.51.100.1", "prefill"), pod("203.0.113.1", "decode")],
         deployment_name="demo",
         revision="r1",
     )
@@ -141,25 +141,27 @@ def test_in_cluster_args_listen_on_the_fixed_ports() -> None:
     i = args.index("--prefill")
     assert args[i : i + 3] == [
         "--prefill",
-        f"http://10.0.0.1:{ENGINE_HTTP_PORT}",
+        f"http://198.51.100.1:{ENGINE_HTTP_PORT}",
         str(DEFAULT_BOOTSTRAP_PORT),
     ]
-    assert args[args.index("--decode") + 1] == f"http://10.0.1.1:{ENGINE_HTTP_PORT}"
+    assert args[args.index("--decode") + 1] == f"http://203.0.113.1:{ENGINE_HTTP_PORT}"
 
 
 def test_membership_takes_only_ready_running_pods_with_an_ip() -> None:
     pods = [
-        pod("10.0.0.1", "prefill"),
-        pod("10.0.0.2", "prefill", ready=False),
-        pod("10.0.0.3", "prefill", phase="Pending"),
+        pod("198.51.100.1", "prefill"),
+        pod("198.51.100.2", "prefill", ready=False),
+        pod("198.51.100.3", "prefill", phase="Pending"),
         pod(None, "prefill"),
-        pod("10.0.0.4", "prefill", deleting=True),
-        pod("10.0.1.1", "decode"),
-        pod("10.0.1.2", "router"),
+        pod("198.51.100.4", "prefill", deleting=True),
+        pod("203.0.113.1", "decode"),
+        pod("203.0.113.2", "router"),
     ]
     m = revision_membership(pods, deployment_name="demo", revision="r1")
-    assert m.prefills == (Prefill(f"http://10.0.0.1:{ENGINE_HTTP_PORT}", DEFAULT_BOOTSTRAP_PORT),)
-    assert m.decodes == (f"http://10.0.1.1:{ENGINE_HTTP_PORT}",)
+    assert m.prefills == (
+        Prefill(f"http://198.51.100.1:{ENGINE_HTTP_PORT}", DEFAULT_BOOTSTRAP_PORT),
+    )
+    assert m.decodes == (f"http://203.0.113.1:{ENGINE_HTTP_PORT}",)
     assert m.routable
 
 
@@ -171,7 +173,7 @@ def test_membership_reads_the_bootstrap_annotation_and_brackets_ipv6() -> None:
 
 
 def test_a_revision_without_both_roles_is_not_routable() -> None:
-    m = revision_membership([pod("10.0.0.1", "prefill")], deployment_name="demo", revision="r1")
+    m = revision_membership([pod("198.51.100.1", "prefill")], deployment_name="demo", revision="r1")
     assert not m.routable
     assert not revision_membership([], deployment_name="demo", revision="r1").routable
 
@@ -181,19 +183,19 @@ def _token(pods: list[dict[str, Any]]) -> str:
 
 
 def test_token_changes_when_the_router_must_restart() -> None:
-    base = [pod("10.0.0.1", "prefill", uid="a"), pod("10.0.1.1", "decode")]
+    base = [pod("198.51.100.1", "prefill", uid="a"), pod("203.0.113.1", "decode")]
     t = _token(base)
     # A prefill engine restart mints a new engine_id: the router must re-query.
-    assert _token([pod("10.0.0.1", "prefill", uid="a", restarts=1), base[1]]) != t
+    assert _token([pod("198.51.100.1", "prefill", uid="a", restarts=1), base[1]]) != t
     # A replaced prefill pod that happens to get the same IP.
-    assert _token([pod("10.0.0.1", "prefill", uid="b"), base[1]]) != t
-    assert _token([*base, pod("10.0.1.2", "decode")]) != t
+    assert _token([pod("198.51.100.1", "prefill", uid="b"), base[1]]) != t
+    assert _token([*base, pod("203.0.113.2", "decode")]) != t
     assert _token(base[:1]) != t
     # The router caches nothing about a decode engine: its restart needs no router restart.
-    assert _token([base[0], pod("10.0.1.1", "decode", restarts=3)]) == t
+    assert _token([base[0], pod("203.0.113.1", "decode", restarts=3)]) == t
 
 
-IPS = st.integers(1, 250).map(lambda i: f"10.1.0.{i}")
+IPS = st.integers(1, 250).map(lambda i: f"198.51.100.{i}")
 PODS = st.lists(
     st.builds(
         pod,
