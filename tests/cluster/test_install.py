@@ -155,12 +155,18 @@ def test_operator_under_its_own_identity_rolls_and_serves_metrics(
         return settled(obj) and obj["status"]["currentRevision"] == compat_revision(b.build().spec)
 
     wait_for(progressed, "paired roll under the ServiceAccount", 120, 0.3)
-    m = sa_operator.metrics()
+
+    # Metrics follow the status write by a moment (events are posted in between).
+    def final_metrics() -> dict[str, float] | None:
+        m = sa_operator.metrics()
+        done = metric(m, "pdmtp_rollout_progress_ratio", name="sa") == 1.0
+        return m if done and metric(m, "pdmtp_revisions", name="sa") == 1 else None
+
+    m = wait_for(final_metrics, "metrics of the finished roll", 10, 0.2)
     assert metric(m, "pdmtp_reconcile_total", namespace=namespace, name="sa") > 3
     assert metric(m, "pdmtp_reconcile_duration_seconds_count") > 3
     assert metric(m, "pdmtp_child_writes_total", name="sa", action="scale") >= 1
-    assert min(seen) < 1.0 and seen[-1] == 1.0, "progress moved from partial to complete"
-    assert metric(m, "pdmtp_revisions", name="sa") == 1
+    assert min(seen) < 1.0, "progress was seen partial during the roll"
 
     b.prefill(k=3).mtp(2)  # incompatible: mtpModules undeclared, k differs
     spec = b.dict()["spec"]

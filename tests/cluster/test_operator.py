@@ -166,10 +166,13 @@ def test_create_becomes_available_matching_render(
     )
     assert done.returncode == 0, done.stderr
 
-    # Events tell the story.
-    events = client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
-    reasons = {e.reason for e in events if e.involved_object.name == "demo"}
-    assert {"Created", "Compatible", "MinimumReplicasAvailable"} <= reasons
+    # Events tell the story (posted right after the status write that settled it).
+    def reasons() -> set[str]:
+        events = client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+        return {e.reason for e in events if e.involved_object.name == "demo"}
+
+    wanted = {"Created", "Compatible", "MinimumReplicasAvailable"}
+    wait_for(lambda: wanted <= reasons(), f"events {wanted}", 10, 0.2)
 
 
 # ---- 2. paired rollout -----------------------------------------------------------------------
