@@ -141,14 +141,6 @@ class Kube:
         others = [o for kind in SHARED_KINDS for o in self.list_objects(kind, namespace, selector)]
         return deployments, pods, others
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._request("GET", path(kind, namespace, name))
-        except ApiError as e:
-            if e.status == 404:
-                return None
-            raise
-
     # ---- writes ---------------------------------------------------------------------------
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -144,18 +144,18 @@ def make_vllm_config(
     )
 
 
+def _attention_group() -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(
+        ["model.layers.0.self_attn"],
+        FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16, dtype=torch.float16),
+    )
+
+
 def full_attention_kv_cache_config(num_blocks: int = 1000) -> KVCacheConfig:
     return KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["model.layers.0.self_attn"],
-                FullAttentionSpec(
-                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16, dtype=torch.float16
-                ),
-            )
-        ],
+        kv_cache_groups=[_attention_group()],
     )
 
 
@@ -165,12 +165,7 @@ def hybrid_mamba_kv_cache_config(num_blocks: int = 64) -> KVCacheConfig:
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["model.layers.0.self_attn"],
-                FullAttentionSpec(
-                    block_size=BLOCK_SIZE, num_kv_heads=1, head_size=16, dtype=torch.float16
-                ),
-            ),
+            _attention_group(),
             KVCacheGroupSpec(
                 ["model.layers.1.linear_attn"],
                 MambaSpec(

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -55,12 +54,6 @@ def find_router_binary() -> tuple[Path | None, str]:
         if candidate and os.access(candidate, os.X_OK):
             return Path(candidate), ""
     return None, f"vllm-router {installed} is installed but no {ROUTER_BINARY} executable was found"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

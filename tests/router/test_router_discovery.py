@@ -22,7 +22,7 @@ from loopback import free_ports
 from pdmtp.core.vocabulary import ANNOTATION_BOOTSTRAP_PORT, LABEL_NAME, LABEL_REVISION, LABEL_ROLE
 from router.emulator import EngineFactory
 from router.fake_kube import FakeKube
-from router.harness import LOOPBACK, RouterProcess, completion_body, free_port, post
+from router.harness import LOOPBACK, RouterProcess, completion_body, post
 
 NAMESPACE = "pd"
 ROUTER_ANNOTATION = "vllm.ai/bootstrap-port"  # fixed by the 0.1.17 launcher
@@ -31,7 +31,7 @@ ROUTER_ANNOTATION = "vllm.ai/bootstrap-port"  # fixed by the 0.1.17 launcher
 def shared_port() -> int:
     """A port free on both 127.0.0.1 and ::1, or skip when there is no IPv6 loopback."""
     for _ in range(50):
-        port = free_port()
+        (port,) = free_ports(1)
         try:
             with socket.socket(socket.AF_INET6) as s:
                 s.bind(("::1", port))

@@ -42,9 +42,6 @@ class RevisionReplicas:
     router: int
     drain_until: str | None = None
 
-    def of(self, role: Role) -> int:
-        return {"prefill": self.prefill, "decode": self.decode, "router": self.router}[role]
-
 
 def owner_reference(pdd: PDDeployment) -> Manifest:
     """Controller owner reference: the garbage collector removes children with their owner."""
