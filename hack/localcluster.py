@@ -9,9 +9,12 @@ Fake GPU nodes are registered and KWOK drives their pods with the stages in hack
     python hack/localcluster.py status [--dir .cluster]
     python hack/localcluster.py down [--dir .cluster] [--purge]
 
-Only the standard library and the openssl CLI are used, so this runs before any venv exists.
-Network rule: every server binds 127.0.0.1 and every request goes to 127.0.0.1. Pod and Service
-IPs are fake private addresses that nothing may dial.
+In-process use (the test fixtures) starts a guard process that stops the components as soon as
+the process that started them is gone, however it ended.
+
+It runs with the project's venv (psutil supervises the processes, cryptography makes the
+throw-away PKI). Network rule: every server binds 127.0.0.1 and every request goes to
+127.0.0.1. Pod and Service IPs are fake private addresses that nothing may dial.
 """
 
 from __future__ import annotations
@@ -19,23 +22,31 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import datetime
 import functools
+import ipaddress
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from loopback import LOOPBACK, free_ports
 
 HACK_DIR = Path(__file__).resolve().parent
 
@@ -60,7 +71,7 @@ POD_CIDR = "10.244.0.0/16"
 NODE_SELECTOR_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/hca_shared_devices_a"
-LOOPBACK = "127.0.0.1"
+PORTS = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
 
 
 class ClusterError(RuntimeError):
@@ -81,55 +92,87 @@ def missing_binaries(bin_dir: Path | None = None) -> list[str]:
     return [name for name in BINARIES if not os.access(where / name, os.X_OK)]
 
 
-def free_port() -> int:
-    # Small race between close and the server's bind; acceptable for a dev/test cluster.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
 
 
-def _run(cmd: list[str], cwd: Path) -> None:
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attrs)
 
 
 def make_pki(pki: Path) -> None:
     """A throw-away CA, a loopback serving cert, the admin client cert and service-account keys."""
     pki.mkdir(parents=True, exist_ok=True)
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650"]
-    subject = "/CN=pdmtp-local-ca"
-    _run(
-        ["openssl", "req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-subj", subject],
-        pki,
+    now = datetime.datetime.now(datetime.UTC)
+    valid = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=3650))
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("pdmtp-local-ca")
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(valid[0])
+        .not_valid_after(valid[1])
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
+        )
+        .sign(ca_key, hashes.SHA256())
     )
+    (pki / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki / "ca.key", ca_key)
 
-    def issue(name: str, subject: str, ext: str) -> None:
-        (pki / f"{name}.ext").write_text(ext)
-        key, csr, crt = f"{name}.key", f"{name}.csr", f"{name}.crt"
-        _run(
-            ["openssl", "req", "-new", *ec[:-2], "-keyout", key, "-out", csr, "-subj", subject], pki
+    def issue(
+        name: str, subject: x509.Name, usage: x509.ObjectIdentifier, sans: list[x509.GeneralName]
+    ) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(valid[0])
+            .not_valid_after(valid[1])
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
-        ca = ["-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "3650"]
-        _run(
-            ["openssl", "x509", "-req", "-in", csr, *ca, "-out", crt, "-extfile", f"{name}.ext"],
-            pki,
-        )
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(ca_key, hashes.SHA256())
+        (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        _write_key(pki / f"{name}.key", key)
 
+    server_names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
     issue(
         "serving",
-        "/CN=pdmtp-local-apiserver",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
-        "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n",
+        _name("pdmtp-local-apiserver"),
+        ExtendedKeyUsageOID.SERVER_AUTH,
+        [x509.IPAddress(ipaddress.ip_address(LOOPBACK)), *map(x509.DNSName, server_names)],
     )
     # system:masters is the group RBAC always allows, like envtest's admin user.
-    issue("admin", "/O=system:masters/CN=admin", "extendedKeyUsage=clientAuth\n")
+    issue("admin", _name("admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, [])
     # Aggregation-layer identity; without it the controller manager and scheduler log a
     # missing requestheader CA bundle on every authentication config sync.
-    issue("front-proxy-client", "/CN=front-proxy-client", "extendedKeyUsage=clientAuth\n")
-    _run(["openssl", "genrsa", "-out", "sa.key", "2048"], pki)
-    _run(["openssl", "rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], pki)
+    issue("front-proxy-client", _name("front-proxy-client"), ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(pki / "sa.key", sa_key)
+    (pki / "sa.pub").write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
 
 
 def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
@@ -211,8 +254,9 @@ class LocalCluster:
     state_dir: Path
     bin_dir: Path = field(default_factory=default_bin_dir)
     nodes: int = 4
-    # For in-process use (pytest): the kernel SIGKILLs the components if this process dies, so
-    # a crashed or killed test run leaves no strays. The CLI's `up` leaves it off to detach.
+    # For in-process use (pytest): a guard process stops the components once this process is
+    # gone, so a crashed or killed test run leaves no strays. The CLI's `up` leaves it off to
+    # detach.
     die_with_parent: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -290,8 +334,8 @@ class LocalCluster:
                 self._start(timeout)
                 return
             except ClusterError as exc:
-                # free_port() can race with another process grabbing the port before the
-                # component binds it; a fresh set of ports fixes that.
+                # Another process can grab a picked port before the component binds it; a
+                # fresh set of ports fixes that.
                 if "address already in use" not in str(exc) or attempt == 2:
                     raise
 
@@ -307,17 +351,7 @@ class LocalCluster:
         deadline = t0 + timeout
         self._reset_state_dir()
         make_pki(self.pki)
-        self._ports = {
-            name: free_port()
-            for name in (
-                "etcd",
-                "etcd-peer",
-                "apiserver",
-                "controller-manager",
-                "scheduler",
-                "kwok",
-            )
-        }
+        self._ports = dict(zip(PORTS, free_ports(len(PORTS)), strict=True))
         self._save_state(version=K8S_VERSION, bin_dir=str(self.bin_dir), ports=self._ports, pids={})
         write_kubeconfig(self.kubeconfig, self.server, self.pki)
         self.timings["pki"] = time.monotonic() - t0
@@ -336,6 +370,8 @@ class LocalCluster:
             self._wait("default ServiceAccount", self._default_sa_exists, deadline)
             self._create_nodes()
             self._wait(f"{self.nodes} Ready untainted nodes", self._nodes_ready, deadline)
+            if self.die_with_parent:
+                self._start_guard()
         except BaseException:
             self.stop()
             raise
@@ -343,35 +379,29 @@ class LocalCluster:
         self._save_state(timings=self.timings)
 
     def stop(self, grace: float = 10) -> None:
-        """Stop the components in reverse start order: SIGTERM each process group, SIGKILL it
-        if it outlives ``grace``. Etcd goes last so the apiserver can shut down cleanly.
+        """Stop the components in reverse start order: SIGTERM each one and its children, SIGKILL
+        what outlives ``grace``. Etcd goes last so the apiserver can shut down cleanly.
 
         Logs stay in the state dir for post-mortems.
         """
-        pids: dict[str, int] = self.load_state().get("pids", {})
         for name in reversed(COMPONENTS):
-            pid = pids.get(name)
-            if not pid:
+            proc = self._process(name)
+            if proc is None:
                 continue
-            if not self._is_ours(pid, name):
-                # Already gone (or a zombie of ours); a reused pid must never be signalled.
-                _reap(pid)
-                continue
-            _signal_group(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while _group_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _group_alive(pid):
-                _signal_group(pid, signal.SIGKILL)
-                while _group_alive(pid) and time.monotonic() < deadline + 5:
-                    time.sleep(0.05)
-            _reap(pid)
+            family = [proc, *_children(proc)]
+            for member in family:
+                with contextlib.suppress(psutil.Error):
+                    member.terminate()
+            _, alive = psutil.wait_procs(family, timeout=grace)
+            for member in alive:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+            psutil.wait_procs(alive, timeout=5)
         if self.state_file.exists():
             self._save_state(pids={})
 
     def running_pids(self) -> dict[str, int]:
-        pids: dict[str, int] = self.load_state().get("pids", {})
-        return {name: pid for name, pid in pids.items() if self._is_ours(pid, name)}
+        return {name: p.pid for name in COMPONENTS if (p := self._process(name)) is not None}
 
     def is_ready(self) -> bool:
         try:
@@ -380,14 +410,16 @@ class LocalCluster:
             return False
 
     def rss_bytes(self) -> dict[str, int]:
-        """Resident memory of each component (whole process group), from /proc."""
+        """Resident memory of each component with its children."""
         out: dict[str, int] = {}
-        page = os.sysconf("SC_PAGE_SIZE")
-        for name, pid in self.running_pids().items():
+        for name in COMPONENTS:
+            proc = self._process(name)
+            if proc is None:
+                continue
             total = 0
-            for member in _group_members(pid):
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    total += int(Path(f"/proc/{member}/statm").read_text().split()[1]) * page
+            for member in [proc, *_children(proc)]:
+                with contextlib.suppress(psutil.Error):
+                    total += member.memory_info().rss
             out[name] = total
         return out
 
@@ -419,8 +451,8 @@ class LocalCluster:
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
         } | (env or {})
-        # A new session per component: its own process group for clean teardown, and no
-        # controlling terminal, so `up` can return and the cluster outlives the shell.
+        # A new session per component: no controlling terminal, so `up` can return and the
+        # cluster outlives the shell.
         proc = subprocess.Popen(
             [str(self.bin_dir / name), *args],
             cwd=self.state_dir,
@@ -429,11 +461,23 @@ class LocalCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         log.close()
-        pids = self.load_state().get("pids", {}) | {name: proc.pid}
+        # The start time makes the record unambiguous: a reused pid is never taken for ours.
+        started = psutil.Process(proc.pid).create_time()
+        pids = self.load_state().get("pids", {}) | {name: [proc.pid, started]}
         self._save_state(pids=pids)
+
+    def _start_guard(self) -> None:
+        guard = [sys.executable, str(Path(__file__).resolve()), "guard"]
+        guard += ["--dir", str(self.state_dir), "--parent", str(os.getpid())]
+        subprocess.Popen(
+            guard,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=(self.log_dir / "guard.log").open("ab"),
+            start_new_session=True,
+        )
 
     def _wait(self, what: str, probe: Callable[[], bool], deadline: float) -> None:
         while True:
@@ -446,17 +490,23 @@ class LocalCluster:
             time.sleep(0.1)
 
     def _check_alive(self) -> None:
-        for name, pid in self.load_state().get("pids", {}).items():
-            if not _pid_alive(pid):
-                raise ClusterError(f"{name} exited early (pid {pid})\n{self.log_tails()}")
+        for name in self.load_state().get("pids", {}):
+            if self._process(name) is None:
+                raise ClusterError(f"{name} exited early\n{self.log_tails()}")
 
-    def _is_ours(self, pid: int, name: str) -> bool:
-        # Guard against pid reuse: only signal a pid still running our binary.
+    def _process(self, name: str) -> psutil.Process | None:
+        """The running component `name` started from this state dir, or None."""
+        record = self.load_state().get("pids", {}).get(name)
+        if not record:
+            return None
+        pid, started = record
         try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            return False
-        return exe.removesuffix(" (deleted)") == str(self.bin_dir / name)
+            proc = psutil.Process(pid)
+            if proc.create_time() != started or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+        except psutil.Error:
+            return None
+        return proc
 
     def _etcd_args(self) -> list[str]:
         client = f"http://{LOOPBACK}:{self._ports['etcd']}"
@@ -592,51 +642,12 @@ class LocalCluster:
         return ready >= self.nodes
 
 
-# ---- process-group helpers --------------------------------------------------------------------
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: PR_SET_PDEATHSIG (1) = SIGKILL.
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
-
-
-def _pid_alive(pid: int) -> bool:
+# ---- helpers ---------------------------------------------------------------------------------
+def _children(proc: psutil.Process) -> list[psutil.Process]:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):
-        # A zombie (our own unreaped child) counts as gone.
-        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
-def _group_members(pgid: int) -> Iterator[int]:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                yield int(entry.name)
-
-
-def _group_alive(pgid: int) -> bool:
-    return any(True for _ in _group_members(pgid))
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _reap(pid: int) -> None:
-    # Only our own children can be reaped; for a detached cluster this is a no-op.
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(pid, os.WNOHANG)
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def _https_ok(port: int, path: str) -> bool:
@@ -702,7 +713,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     running = cluster.running_pids()
     rss = cluster.rss_bytes()
     for name in COMPONENTS:
-        pid = state.get("pids", {}).get(name)
+        pid = running.get(name)
         mark = "running" if name in running else "stopped"
         print(f"{name:24} {mark:8} pid={pid} rss={rss.get(name, 0) / 2**20:.0f}MiB")
     ready = cluster.is_ready()
@@ -711,9 +722,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0 if ready and len(running) == len(COMPONENTS) else 1
 
 
+def _cmd_guard(args: argparse.Namespace) -> int:
+    """Wait for the parent to go, then stop its cluster (started by LocalCluster, not by hand)."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(args.parent).wait()
+    cluster = LocalCluster(Path(args.dir))
+    if cluster.running_pids():
+        cluster.stop()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    guard = sub.add_parser("guard", help=argparse.SUPPRESS)
+    guard.add_argument("--dir", required=True)
+    guard.add_argument("--parent", type=int, required=True)
     for name in ("up", "down", "status"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--dir", default=".cluster", help="state dir (default .cluster)")
@@ -726,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "down":
             cmd.add_argument("--purge", action="store_true", help="also delete the state dir")
     args = parser.parse_args(argv)
-    handlers = {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status}
+    handlers = {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "guard": _cmd_guard}
     return handlers[args.command](args)
 
 

@@ -8,7 +8,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdmtp.core.reconcile import Apply, Decision, Delete, Observed, Scale, decide
+from pdmtp.core.actions import Apply, Delete, Scale
+from pdmtp.core.reconcile import Decision, Observed, decide
 
 Obj = dict[str, Any]
 CREATED = "2027-01-15T08:00:00Z"

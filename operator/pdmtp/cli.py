@@ -14,44 +14,26 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pdmtp.api import reasons
 from pdmtp.api.crd import crd_yaml
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core import reasons
+from pdmtp.api.vocabulary import ROLES
 from pdmtp.core.agreement import Agreement, check
-from pdmtp.core.planner import Policy, Step, Target
+from pdmtp.core.invariants import InvariantMonitor
+from pdmtp.core.planner import Step
 from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
-from pdmtp.core.revision import compat_revision, role_hash
-from pdmtp.core.simulate import InvariantViolation, Monitor, SimCluster, Trace, run
-from pdmtp.core.vocabulary import Role
+from pdmtp.core.revision import compat_revision, role_hash, target_and_policy
+from pdmtp.core.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.core.validation import Problem, field_problems, validate
 
 EXIT_COMPATIBLE = 0
 EXIT_INCOMPATIBLE = 1
 EXIT_UNUSABLE = 2
+INVALID = reasons.INVALID_SPEC
 
 
 class UnusableInput(Exception):
     """The input cannot be read as a PDDeployment; the message names the file and field."""
-
-
-def _field_path(loc: Sequence[int | str]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "(document)"
-
-
-def describe_validation_error(error: ValidationError) -> list[str]:
-    """One line per problem: `field.path: what is wrong`."""
-    lines = []
-    for e in error.errors():
-        loc = [p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
-        value = e.get("input")
-        shown = f" (got {value!r})" if e["type"] not in ("missing", "extra_forbidden") else ""
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{_field_path(loc)}: unknown field")
-        else:
-            lines.append(f"{_field_path(loc)}: {e['msg']}{shown}")
-    return lines
 
 
 def load_documents(path: str) -> list[Any]:
@@ -84,8 +66,7 @@ def parse(doc: Any, source: str) -> PDDeployment:
     try:
         return PDDeployment.model_validate(doc)
     except ValidationError as e:
-        problems = "; ".join(describe_validation_error(e))
-        raise UnusableInput(f"{source}: {problems}") from e
+        raise UnusableInput(f"{source}: {'; '.join(field_problems(e))}") from e
 
 
 def load_one(path: str) -> PDDeployment:
@@ -99,20 +80,17 @@ def load_one(path: str) -> PDDeployment:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class FileVerdict:
+    """The verdict on one document of a file, as `pdmtp validate` reports it."""
+
     source: str
     exit_code: int
     agreement: Agreement | None
     revision: str | None
-    unusable: str | None = None
+    problems: tuple[Problem, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         a = self.agreement
-        found = (
-            [] if a is None else [{"reason": f.reason, "message": f.message} for f in a.findings]
-        )
-        if self.unusable is not None:
-            found = [{"reason": reasons.INVALID_SPEC, "message": self.unusable}]
         return {
             "compatible": self.exit_code == EXIT_COMPATIBLE,
             "lookahead": {
@@ -121,37 +99,39 @@ class Verdict:
             },
             "prefillBackoff": None if a is None else a.prefill_backoff,
             "revision": self.revision,
-            "reasons": found,
+            "reasons": [{"reason": p.reason, "message": p.message} for p in self.problems],
         }
 
     def as_text(self) -> str:
-        if self.unusable is not None:
-            return f"{self.source}: unusable: {self.unusable}"
         a = self.agreement
-        assert a is not None
+        if a is None:
+            return f"{self.source}: unusable: " + "; ".join(p.message for p in self.problems)
         look = f"lookahead prefill={a.prefill_lookahead} decode={a.decode_lookahead}"
         head = f"{self.source}: {'compatible' if a.compatible else 'incompatible'} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
-        return "\n".join([head, *(f"  {f.reason}: {f.message}" for f in a.findings)])
+        return "\n".join([head, *(f"  {p.line()}" for p in self.problems)])
 
 
-def validate_file(path: str) -> list[Verdict]:
+def validate_file(path: str) -> list[FileVerdict]:
     try:
         docs = load_documents(path)
     except UnusableInput as e:
-        return [Verdict(path, EXIT_UNUSABLE, None, None, str(e))]
+        return [FileVerdict(path, EXIT_UNUSABLE, None, None, (Problem(INVALID, str(e)),))]
     verdicts = []
     for i, doc in enumerate(docs):
         source = path if len(docs) == 1 else f"{path}#{i + 1}"
         try:
-            pdd = parse(doc, source)
+            parse(doc, source)
         except UnusableInput as e:
-            verdicts.append(Verdict(source, EXIT_UNUSABLE, None, None, str(e)))
+            verdicts.append(
+                FileVerdict(source, EXIT_UNUSABLE, None, None, (Problem(INVALID, str(e)),))
+            )
             continue
-        agreement = check(pdd.spec)
-        code = EXIT_COMPATIBLE if agreement.compatible else EXIT_INCOMPATIBLE
-        revision = compat_revision(pdd.spec) if agreement.compatible else None
-        verdicts.append(Verdict(source, code, agreement, revision))
+        verdict = validate(doc)
+        assert verdict.pdd is not None and verdict.agreement is not None
+        code = EXIT_COMPATIBLE if verdict.compatible else EXIT_INCOMPATIBLE
+        revision = compat_revision(verdict.pdd.spec) if verdict.compatible else None
+        verdicts.append(FileVerdict(source, code, verdict.agreement, revision, verdict.problems))
     return verdicts
 
 
@@ -194,17 +174,6 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 # ---- plan -------------------------------------------------------------------------------------
-
-
-def target_of(pdd: PDDeployment) -> Target:
-    spec = pdd.spec
-    revision = compat_revision(spec) if check(spec).compatible else None
-    return Target(revision, spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
-
-
-def policy_of(pdd: PDDeployment) -> Policy:
-    r = pdd.spec.rollout
-    return Policy(r.max_surge, r.max_unavailable, r.drain_seconds)
 
 
 def _cell(obs: dict[str, Any], revision: str) -> str:
@@ -264,7 +233,8 @@ def format_trace(trace: Trace, revisions: list[str]) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     old, new = load_one(args.from_file), load_one(args.to_file)
-    start, target = target_of(old), target_of(new)
+    start, _ = target_and_policy(old.spec, check(old.spec))
+    target, policy = target_and_policy(new.spec, check(new.spec))
     if start.revision is None:
         raise UnusableInput(f"{args.from_file}: incompatible, so it cannot be what is serving")
     if target.revision is None:
@@ -273,8 +243,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {f.reason}: {f.message}")
         return EXIT_INCOMPATIBLE
     if target.revision == start.revision:
-        roles: tuple[Role, ...] = ("prefill", "decode", "router")
-        changed = [r for r in roles if role_hash(old.spec, r) != role_hash(new.spec, r)]
+        changed = [r for r in ROLES if role_hash(old.spec, r) != role_hash(new.spec, r)]
         print(f"Same compat revision {start.revision}: no paired rollout.")
         if changed:
             print(
@@ -287,9 +256,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"decode {start.decode}->{target.decode}."
             )
         return 0
-    policy = policy_of(new)
     sim = SimCluster.serving(start.revision, start)
-    monitor = Monitor(start, policy)
+    monitor = InvariantMonitor(policy)
     trace = Trace()
     try:
         run(

@@ -21,9 +21,10 @@ from typing import Any
 
 import kopf
 
-from pdmtp.core import vocabulary as v
-from pdmtp.core.admission import admission_problems
-from pdmtp.core.reconcile import Apply, Decision, Delete, Event, Observed, Scale, decide
+from pdmtp.api import vocabulary as v
+from pdmtp.core.actions import Apply, Delete, Event, Scale
+from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.core.validation import validate
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
 from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
@@ -267,9 +268,9 @@ def build_registry(
             registry=registry,
         )
         def admit(body: kopf.Body, **_: Any) -> None:
-            problems = admission_problems(body)
+            problems = validate(body).problems
             if problems:
-                raise kopf.AdmissionError("; ".join(problems), code=422)
+                raise kopf.AdmissionError("; ".join(p.line() for p in problems), code=422)
 
     return registry
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from kubernetes import client, config
 
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
 
 if TYPE_CHECKING:
     from pdmtp.core.reconcile import Decision

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from pdmtp.core import observe
 
 if TYPE_CHECKING:
     from localcluster import LocalCluster
@@ -89,5 +90,5 @@ def install_crd(
 
 
 def pod_ready(pod: client.V1Pod) -> bool:
-    conds = (pod.status and pod.status.conditions) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conds)
+    """The operator's own readiness rule (`pdmtp.core.observe.pod_ready`) on a typed pod."""
+    return observe.pod_ready(client.ApiClient().sanitize_for_serialization(pod))

@@ -1,8 +1,9 @@
 """Run `pdmtp run` as a real subprocess against the test cluster, and watch what it does.
 
 `OperatorProcess` can be killed (SIGKILL, mid-roll) and started again. `RolloutWatcher` follows
-every Pod and Deployment event of a namespace in a thread and checks DESIGN.md invariants 1-5 at
-every observed moment; failures are collected and asserted by the test.
+every Pod and Deployment event of a namespace in a thread and checks the rollout invariants
+(docs/design.md) at every observed moment with the core's checker; failures are collected and
+asserted by the test.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from typing import Any
 
 from kubernetes import client, watch
 from loopback import free_ports
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.core.agreement import check
+from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
+from pdmtp.core.observe import is_terminating, labels_of, name_of, revision_states
+from pdmtp.core.planner import Policy, RevisionState
+from pdmtp.core.revision import target_and_policy
 
 CUSTOM = (v.GROUP, v.VERSION)
 
@@ -209,56 +216,31 @@ def settled(obj: dict[str, Any]) -> bool:
 # ---- invariants watcher ----------------------------------------------------------------------
 
 
-def _labels(obj: dict[str, Any]) -> dict[str, str]:
-    return (obj.get("metadata") or {}).get("labels") or {}
-
-
-def _ready(pod: dict[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    return any(
-        c.get("type") == "Ready" and c.get("status") == "True"
-        for c in (pod.get("status") or {}).get("conditions") or []
-    )
-
-
-@dataclass
-class Limits:
-    """The rollout policy and targets the watcher holds the cluster to."""
-
-    prefill: int
-    decode: int
-    max_surge: int
-    max_unavailable: int
-    drain_seconds: float
-
-    def target(self, role: str) -> int:
-        return self.prefill if role == "prefill" else self.decode
-
-
 @dataclass
 class RolloutWatcher:
-    """Checks invariants 1-5 at every Pod/Deployment event of one PDDeployment's namespace."""
+    """Feeds every Pod/Deployment event of one PDDeployment to the core's invariant checker
+    (`pdmtp.core.invariants`, the one the planner's simulator uses) and collects violations."""
 
     api: client.ApiClient
     namespace: str
     name: str
-    limits: Limits
+    policy: Policy
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     events_seen: int = 0
-    served: set[str] = field(default_factory=set)
-    stopped_at: dict[str, float] = field(default_factory=dict)
-    anchor: str | None = None
-    """Invariant 5: the revision that must keep serving while an intermediate one serves."""
-    superseded: bool = False
-    min_ready: dict[str, int] = field(default_factory=dict)
+    monitor: InvariantMonitor = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def start(self) -> None:
+    def __post_init__(self) -> None:
+        # The watcher sees a router stop a moment after the operator decided it: forgive that
+        # lag on the drain check (invariant 4).
+        self.monitor = InvariantMonitor(self.policy, tolerance=1.0)
+
+    def start(self, spec: PDDeploymentSpec) -> None:
+        """Watch, holding the rollout to `spec` (the one serving now) until `expect` moves it."""
         core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)
         selector = f"{v.LABEL_NAME}={self.name}"
         for what, lister in (
@@ -269,12 +251,13 @@ class RolloutWatcher:
             t.start()
             self._threads.append(t)
         time.sleep(0.5)
+        self.expect(spec)
+
+    def expect(self, spec: PDDeploymentSpec) -> None:
+        """The spec is about to become `spec`: bounds and the anchor from what serves now."""
+        target, _ = target_and_policy(spec, check(spec))
         with self._lock:
-            for role in v.ENGINE_ROLES:
-                self.min_ready[role] = min(
-                    max(0, self.limits.target(role) - self.limits.max_unavailable),
-                    self._serving_ready(role),
-                )
+            self.monitor.retarget(self._states(), target)
 
     def stop(self) -> None:
         self._stop.set()
@@ -295,7 +278,7 @@ class RolloutWatcher:
                 with self._lock:
                     store.clear()
                     store.update(items)
-                    self._check(time.time(), f"LIST {what}s")
+                    self._check(f"LIST {what}s")
                 for event in w.stream(
                     lister,
                     self.namespace,
@@ -314,7 +297,7 @@ class RolloutWatcher:
                         else:
                             store[key] = raw
                         self.events_seen += 1
-                        self._check(time.time(), f"{event['type']} {what} {key}")
+                        self._check(f"{event['type']} {what} {key}")
                     if self._stop.is_set():
                         break
             except Exception:  # a dropped watch is re-opened after a fresh list
@@ -323,103 +306,25 @@ class RolloutWatcher:
             finally:
                 w.stop()
 
-    # Invariant checks run under the lock with the watcher's view of the namespace.
+    # Checks run under the lock, over the watcher's view of the namespace.
 
-    def _pods_of(self, revision: str, role: str) -> list[dict[str, Any]]:
-        return [
-            p
+    def _states(self) -> list[RevisionState]:
+        return revision_states(self.deployments.values(), self.pods.values())
+
+    def _check(self, label: str) -> None:
+        if self.monitor.target is None:
+            return  # not started yet
+        terminating = [
+            Terminating(name_of(p), labels_of(p)[v.LABEL_REVISION], labels_of(p)[v.LABEL_ROLE])
             for p in self.pods.values()
-            if _labels(p).get(v.LABEL_REVISION) == revision and _labels(p).get(v.LABEL_ROLE) == role
+            if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
-
-    def _revisions(self) -> set[str]:
-        return {_labels(p).get(v.LABEL_REVISION, "") for p in self.pods.values()} - {""}
-
-    def _serving(self) -> list[str]:
-        return sorted(
-            r for r in self._revisions() if any(_ready(p) for p in self._pods_of(r, "router"))
-        )
-
-    def _serving_ready(self, role: str) -> int:
-        return sum(_ready(p) for r in self._serving() for p in self._pods_of(r, role))
-
-    def _check(self, now: float, moment: str) -> None:
-        serving = self._serving()
-        # 1. A router lists only its own revision's engines.
-        for d in self.deployments.values():
-            if _labels(d).get(v.LABEL_ROLE) != "router":
-                continue
-            rev = _labels(d).get(v.LABEL_REVISION)
-            args = d["spec"]["template"]["spec"]["containers"][0].get("args") or []
-            urls = {args[i + 1] for i, a in enumerate(args) if a in ("--prefill", "--decode")}
-            own = {
-                f"http://{(p.get('status') or {}).get('podIP')}:{v.ENGINE_HTTP_PORT}"
-                for p in self.pods.values()
-                if _labels(p).get(v.LABEL_REVISION) == rev
-            }
-            others = {
-                f"http://{(p.get('status') or {}).get('podIP')}:{v.ENGINE_HTTP_PORT}"
-                for p in self.pods.values()
-                if _labels(p).get(v.LABEL_REVISION) != rev and (p.get("status") or {}).get("podIP")
-            }
-            if urls & others - own:
-                self.violations.append(
-                    f"invariant 1 at {moment}: router {rev} lists {urls & others}"
-                )
-        # 2. Traffic only with a ready prefill and decode.
-        for rev in serving:
-            p = sum(_ready(x) for x in self._pods_of(rev, "prefill"))
-            d = sum(_ready(x) for x in self._pods_of(rev, "decode"))
-            if p < 1 or d < 1:
-                self.violations.append(f"invariant 2 at {moment}: {rev} serves with {p}P/{d}D")
-        # 3. Availability floor and surge ceiling per role.
-        olds = [r for r in self._revisions() if self._pods_of(r, "router")]
-        if len(olds) >= 3:
-            self.superseded = True
-        for role in v.ENGINE_ROLES:
-            ready = self._serving_ready(role)
-            if ready < self.min_ready.get(role, 0):
-                self.violations.append(f"invariant 3 at {moment}: {ready} ready serving {role}")
-            pods = sum(1 for p in self.pods.values() if _labels(p).get(v.LABEL_ROLE) == role)
-            ceiling = (
-                self.limits.target(role) + self.limits.max_surge + (1 if self.superseded else 0)
-            )
-            if pods > ceiling:
-                self.violations.append(f"invariant 3 at {moment}: {pods} {role} pods > {ceiling}")
-        # 4. Traffic stops before pods go, and pods stay drainSeconds after.
-        for rev in serving:
-            self.served.add(rev)
-            self.stopped_at.pop(rev, None)
-        for rev in self.served - set(serving):
-            self.stopped_at.setdefault(rev, now)
-        for p in self.pods.values():
-            rev = _labels(p).get(v.LABEL_REVISION, "")
-            role = _labels(p).get(v.LABEL_ROLE)
-            if role not in v.ENGINE_ROLES or not (p["metadata"].get("deletionTimestamp")):
-                continue
-            stopped = self.stopped_at.get(rev)
-            if rev in serving:
-                continue  # scaling down inside a serving revision (pod-level grace covers it)
-            if stopped is not None and now < stopped + self.limits.drain_seconds - 1.0:
-                self.violations.append(
-                    f"invariant 4 at {moment}: {p['metadata']['name']} deleted "
-                    f"{now - stopped:.1f}s after {rev} stopped serving"
-                )
-        # 5. The anchor keeps serving while another old revision still does.
-        if self.anchor is not None and self.anchor not in serving:
-            still = [r for r in serving if r not in (self.anchor, self.update_revision)]
-            if still:
-                self.violations.append(
-                    f"invariant 5 at {moment}: {self.anchor} lost traffic while {still} serve"
-                )
-            self.anchor = None
-
-    update_revision: str | None = None
-
-    def expect_update(self, revision: str, anchor: str | None = None) -> None:
-        with self._lock:
-            self.update_revision = revision
-            self.anchor = anchor
+        moment = Moment(time.time(), self._states(), terminating, label)
+        self.violations += self.monitor.check(moment)
+        pods = list(self.pods.values())
+        self.violations += [
+            f"{x} at {label}" for x in foreign_routes(self.deployments.values(), pods)
+        ]
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:

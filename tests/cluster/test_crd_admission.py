@@ -13,7 +13,7 @@ from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, install_crd
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"

@@ -12,10 +12,9 @@ from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
-from cluster.kubehelpers import Cluster, wait_for
+from cluster.kubehelpers import Cluster, pod_ready, wait_for
 from kubernetes import client
 from operator_harness import (
-    Limits,
     OperatorProcess,
     RolloutWatcher,
     condition,
@@ -27,9 +26,10 @@ from operator_harness import (
     settled,
     table,
 )
+from pdmtp.api import vocabulary as v
 from pdmtp.cli import rendered_children
-from pdmtp.core import vocabulary as v
-from pdmtp.core.revision import compat_revision
+from pdmtp.core.agreement import check
+from pdmtp.core.revision import compat_revision, target_and_policy
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
@@ -81,16 +81,10 @@ def revisions_present(api: client.ApiClient, ns: str) -> set[str]:
 
 
 def start_watcher(cluster: Cluster, ns: str, name: str, b: PDDBuilder) -> RolloutWatcher:
-    s = b.build().spec
-    limits = Limits(
-        s.prefill.replicas,
-        s.decode.replicas,
-        s.rollout.max_surge,
-        s.rollout.max_unavailable,
-        s.rollout.drain_seconds,
-    )
-    w = RolloutWatcher(cluster.api_client, ns, name, limits)
-    w.start()
+    spec = b.build().spec
+    target_policy = target_and_policy(spec, check(spec))[1]
+    w = RolloutWatcher(cluster.api_client, ns, name, target_policy)
+    w.start(spec)
     return w
 
 
@@ -195,7 +189,7 @@ def test_paired_rollout_holds_the_invariants(
     watcher = start_watcher(cluster, namespace, "roll", b)
     b.mtp(2, modules=3)
     new_rev = compat_revision(b.build().spec)
-    watcher.expect_update(new_rev)
+    watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "roll", b.dict()["spec"])
     obj = wait_settled(cluster.api_client, namespace, "roll")
     time.sleep(1)
@@ -335,7 +329,7 @@ def test_superseded_rollout_completes_to_the_last_spec(
 
     b.mtp(2, modules=4)
     b_rev = compat_revision(b.build().spec)
-    watcher.expect_update(b_rev)
+    watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "abc", b.dict()["spec"])
     wait_for(
         lambda: any(
@@ -349,7 +343,8 @@ def test_superseded_rollout_completes_to_the_last_spec(
 
     b.mtp(4, modules=4)
     c_rev = compat_revision(b.build().spec)
-    watcher.expect_update(c_rev, anchor=a)
+    watcher.expect(b.build().spec)
+    assert watcher.monitor.anchor == a
     patch_spec(cluster.api_client, namespace, "abc", b.dict()["spec"])
     obj = wait_settled(cluster.api_client, namespace, "abc", timeout=180)
     watcher.stop()
@@ -378,17 +373,14 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(
     watcher = start_watcher(cluster, namespace, "crash", b)
     b.mtp(2, modules=3)
     new_rev = compat_revision(b.build().spec)
-    watcher.expect_update(new_rev)
+    watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "crash", b.dict()["spec"])
 
     def has(role: str, ready: bool) -> bool:
         return any(
             p.metadata.labels[v.LABEL_REVISION] == new_rev
             and p.metadata.labels[v.LABEL_ROLE] == role
-            and (
-                not ready
-                or any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])
-            )
+            and (not ready or pod_ready(p))
             for p in pods(cluster.api_client, namespace)
         )
 

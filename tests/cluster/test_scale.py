@@ -19,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from localcluster import fake_gpu_node
 from operator_harness import OperatorProcess, create_pdd, settled
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = int(os.environ.get("PDMTP_SCALE_COUNT", "50"))

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pdmtp.api import vocabulary
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core import vocabulary
 from pdmtp.core.agreement import check
 from pdmtp.core.render import KV_ROLES, engine_pod_template
 from pdmtp_engine import launcher

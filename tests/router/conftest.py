@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 from loopback import free_ports
-from pdmtp.core.router import Prefill, static_router_args
+from pdmtp.core.observe import Prefill
+from pdmtp.core.router import static_router_args
 from router.emulator import EngineEmulator, EngineFactory, Role
 from router.harness import LOOPBACK, RouterFactory, RouterProcess, find_router_binary
 

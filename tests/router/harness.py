@@ -20,7 +20,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-from pdmtp.core.router import ROUTER_BINARY, ROUTER_READINESS_PATH, ROUTER_VERSION
+from pdmtp.api.vocabulary import ROUTER_VERSION
+from pdmtp.core.router import ROUTER_READINESS_PATH
+
+ROUTER_BINARY = "vllm-router"
 
 LOOPBACK = "127.0.0.1"
 ENV_BINARY = "PDMTP_VLLM_ROUTER"

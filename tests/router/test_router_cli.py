@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pdmtp.core.router import ROUTER_POLICIES, Membership, Prefill, router_args
-from pdmtp.core.vocabulary import ROUTER_HTTP_PORT, ROUTER_METRICS_PORT
+from pdmtp.api.vocabulary import ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_POLICIES
+from pdmtp.core.observe import Membership, Prefill
+from pdmtp.core.router import router_args
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from loopback import free_ports
-from pdmtp.core.vocabulary import ANNOTATION_BOOTSTRAP_PORT, LABEL_NAME, LABEL_REVISION, LABEL_ROLE
+from pdmtp.api.vocabulary import ANNOTATION_BOOTSTRAP_PORT, LABEL_NAME, LABEL_REVISION, LABEL_ROLE
 from router.emulator import EngineFactory
 from router.fake_kube import FakeKube
 from router.harness import LOOPBACK, RouterProcess, completion_body, post

@@ -9,7 +9,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_POLICIES, ROUTER_READINESS_PATH
+from pdmtp.api.vocabulary import ROUTER_POLICIES
+from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH
 from router.emulator import EngineEmulator, EngineFactory, Recorded
 from router.harness import RouterFactory, body_for, completion_body, get, post, text_of
 

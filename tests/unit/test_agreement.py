@@ -1,4 +1,5 @@
-"""Agreement rules (DESIGN.md section 4) and the lookahead formula (section 1)."""
+"""Agreement rules (docs/design.md, "What both roles must agree on") and the lookahead formula
+("Why pdmtp exists")."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import pytest
 from builders import pdd
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from pdmtp.core import reasons
+from pdmtp.api import reasons
+from pdmtp.api.flags import OWNED_FLAGS, owned_flag, owned_flags_in
 from pdmtp.core.agreement import check
-from pdmtp.core.flags import OWNED_FLAGS, owned_flag, owned_flags_in
 from pdmtp.core.lookahead import (
     LOOKAHEAD_METHODS,
     MTP_METHOD_ALIASES,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 from pdmtp.api.crd import crd, crd_yaml
-from pdmtp.core.flags import OWNED_FLAGS
+from pdmtp.api.flags import OWNED_FLAGS
 
 COMMITTED = Path(__file__).resolve().parents[2] / "crds" / "pdmtp.io_pddeployments.yaml"
 
@@ -32,7 +32,7 @@ def schema() -> dict[str, Any]:
 
 
 def test_committed_crd_matches_the_model() -> None:
-    assert COMMITTED.read_text() == crd_yaml(), "crds/ drifted: run `make crd` and commit"
+    assert COMMITTED.read_text() == crd_yaml(), "crds/ drifted: run `make generate` and commit"
 
 
 def test_schema_is_structural(schema: dict[str, Any]) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pdmtp.api import reasons
 from pdmtp.api.crd import PRINTER_COLUMNS, openapi_schema
-from pdmtp.api.docs import field_reference, reason_groups, type_name
+from pdmtp.api.docs import field_reference, type_name
 from pdmtp.api.v1alpha1 import CEL_KEY
-from pdmtp.core import reasons
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
 
@@ -38,7 +38,7 @@ def row(reference: str, path: str) -> list[str]:
 
 
 def test_committed_reference_matches_the_model(reference: str) -> None:
-    assert COMMITTED.read_text() == reference, "docs/ drifted: run `make docs` and commit"
+    assert COMMITTED.read_text() == reference, "docs/ drifted: run `make generate` and commit"
 
 
 def test_output_is_deterministic(reference: str) -> None:
@@ -95,23 +95,31 @@ def test_printer_columns_condition_types_and_every_reason(reference: str) -> Non
     for column in PRINTER_COLUMNS:
         assert f"| {column['name']} | {column['type']} |" in reference
     for ctype in reasons.CONDITION_TYPES:
-        assert f"| `{ctype}` |" in reference
+        assert f"### `{ctype}`" in reference
     constants = [
         value
         for name, value in vars(reasons).items()
-        if name.isupper() and isinstance(value, str) and value not in reasons.CONDITION_TYPES
+        if name.isupper()
+        and isinstance(value, str)
+        and value not in (*reasons.CONDITION_TYPES, reasons.EVENT)
     ]
-    grouped = [r for _, values in reason_groups() for r in values]
-    assert sorted(grouped) == sorted(constants), "a reason is outside every group of reasons.py"
-    for reason in constants:
-        assert f"`{reason}`" in reference
+    registered = [r.name for r in reasons.REASONS]
+    assert sorted(registered) == sorted(constants), "a reason constant is not in the table"
+    assert len(set(registered)) == len(registered), "a reason is registered twice"
+    for r in reasons.REASONS:
+        assert f"| `{r.name}` | {r.meaning} |" in reference
 
 
-def test_reasons_grouped_under_their_condition_type() -> None:
-    groups = dict(reason_groups())
-    assert reasons.LOOKAHEAD_MISMATCH in groups["ConfigCompatible reasons"]
-    assert reasons.ROLLOUT_BLOCKED in groups["Progressing reasons"]
-    assert reasons.ENGINE_REFUSED_CONFIG in groups["Degraded reasons"]
+def test_reasons_documented_under_their_condition_type(reference: str) -> None:
+    def section(title: str) -> str:
+        start = reference.index(title)
+        return reference[start : reference.index("\n## ", start + 1)]
+
+    assert f"`{reasons.LOOKAHEAD_MISMATCH}`" in section("### `ConfigCompatible`")
+    assert f"`{reasons.ROLLOUT_BLOCKED}`" in section("### `Progressing`")
+    assert f"`{reasons.ENGINE_REFUSED_CONFIG}`" in section("### `Degraded`")
+    assert f"`{reasons.TRAFFIC_STOPPED}`" in section("## Events")
+    assert f"`{reasons.TRAFFIC_STOPPED}`" not in section("### `Progressing`")
 
 
 @pytest.mark.parametrize(

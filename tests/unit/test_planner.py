@@ -1,5 +1,5 @@
 """The rollout planner, tested by simulating whole rollouts and checking every invariant at every
-moment (pdmtp.core.simulate.Monitor), over many shapes and policies, pods turning ready in random
+moment (`pdmtp.core.invariants`), over many shapes and policies, pods turning ready in random
 order, and rollouts superseded mid-way."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pdmtp.core import planner
+from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
-from pdmtp.core.simulate import InvariantViolation, Monitor, SimCluster, Trace, run
+from pdmtp.core.simulate import InvariantViolation, SimCluster, Trace, run
 
 MAX_TICKS = 3000
 
@@ -48,7 +49,7 @@ def test_every_rollout_completes_holding_the_invariants(
     sim = SimCluster.serving("aaaa", start)
     trace = run(
         sim,
-        Monitor(start, policy),
+        InvariantMonitor(policy),
         target,
         random.Random(seed),
         max_ticks=MAX_TICKS,
@@ -56,6 +57,7 @@ def test_every_rollout_completes_holding_the_invariants(
     )
     assert trace.complete, f"no completion in {MAX_TICKS} ticks"
     assert_only(sim, "bbbb")
+    assert not [s for _, _, s in trace.steps if s.blocked], "a reachable roll reported Blocked"
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,11 +74,12 @@ def test_superseded_rollouts_complete_to_the_last_target(
 ) -> None:
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a)
-    monitor = Monitor(a, policy)
+    monitor = InvariantMonitor(policy)
     run(sim, monitor, b, rng, max_ticks=b_ticks)
     trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS)
     assert trace.complete
     assert_only(sim, "cccc")
+    assert not [s for _, _, s in trace.steps if s.blocked]
 
 
 @settings(max_examples=100, deadline=None)
@@ -92,7 +95,7 @@ def test_rolling_back_mid_way_returns_to_the_old_revision(
 ) -> None:
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a)
-    monitor = Monitor(a, policy)
+    monitor = InvariantMonitor(policy)
     run(sim, monitor, b, rng, max_ticks=back_after)
     assert run(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "aaaa")
@@ -113,7 +116,7 @@ def test_planning_is_idempotent_on_an_unchanged_observation(
     for nothing new, so an operator restarted right after a write does not flip-flop."""
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a)
-    run(sim, Monitor(a, policy), b, rng, max_ticks=ticks)
+    run(sim, InvariantMonitor(policy), b, rng, max_ticks=ticks)
     first = plan(sim.observe(), b, policy, sim.now)
     sim.apply(first)
     second = plan(sim.observe(), b, policy, sim.now)
@@ -134,7 +137,7 @@ def test_an_incompatible_target_changes_nothing() -> None:
         ),
     ]
     step = plan(observed, Target(None, 4, 4, 1), Policy(1, 0, 10), now=10.0)
-    assert not step.complete
+    assert step.outcome == "Blocked" and "incompatible" in step.reason
     for state, p in zip(observed, step.revisions, strict=True):
         assert (p.prefill, p.decode, p.router, p.delete) == (
             state.prefill.replicas,
@@ -187,7 +190,7 @@ def test_a_broken_planner_is_caught_by_the_monitor(monkeypatch: pytest.MonkeyPat
     with pytest.raises(InvariantViolation, match="invariant 4"):
         run(
             SimCluster.serving("aaaa", start),
-            Monitor(start, policy),
+            InvariantMonitor(policy),
             Target("bbbb", 2, 2, 1),
             random.Random(1),
         )
@@ -211,7 +214,7 @@ def test_a_planner_that_ignores_surge_is_caught(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(InvariantViolation, match="invariant 3"):
         run(
             SimCluster.serving("aaaa", start),
-            Monitor(start, policy),
+            InvariantMonitor(policy),
             Target("bbbb", 3, 3, 1),
             random.Random(1),
         )
@@ -223,7 +226,7 @@ def test_trace_of_a_simple_roll() -> None:
     sim = SimCluster.serving("aaaa", start)
     run(
         sim,
-        Monitor(start, policy),
+        InvariantMonitor(policy),
         Target("bbbb", 1, 1, 1),
         random.Random(0),
         ready_chance=1.0,
@@ -232,3 +235,22 @@ def test_trace_of_a_simple_roll() -> None:
     assert trace.complete
     # create, ready+route, unroute, drain 2s, retire, complete: a handful of steps.
     assert 5 <= len(trace.steps) <= 10
+
+
+def test_a_policy_that_allows_no_move_is_blocked_not_waiting() -> None:
+    serving = RevisionState("aaaa", RoleState(2, 2, 2), RoleState(2, 2, 2), RoleState(1, 1, 1))
+    step = plan([serving], Target("bbbb", 2, 2, 1), Policy(0, 0, 10), now=10.0)
+    assert step.revisions[-1] == planner.RevisionPlan("bbbb", 0, 0, 0)
+    assert step.outcome == "Blocked"
+    assert "maxSurge and maxUnavailable are both 0" in step.reason
+
+
+def test_waiting_for_pods_is_progress_not_blocked() -> None:
+    old = RevisionState("aaaa", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1))
+    starting = RevisionState(
+        "bbbb", RoleState(1, 1, 0), RoleState(1, 1, 0), RoleState(0, 0, 0), created=5.0
+    )
+    step = plan([old, starting], Target("bbbb", 1, 1, 1), Policy(1, 0, 10), now=10.0)
+    assert step.outcome == "Progress"
+    before = (old, starting)
+    assert all(p == planner.unchanged(s) for p, s in zip(step.revisions, before, strict=True))

@@ -6,13 +6,18 @@ import copy
 from typing import Any
 
 from builders import PDDBuilder, pdd
-from pdmtp.core import reasons
-from pdmtp.core import vocabulary as v
-from pdmtp.core.conditions import ConditionUpdate, find, set_conditions
-from pdmtp.core.reconcile import Apply, Decision, Delete, Observed, Scale, decide
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.core.actions import Apply, Delete, Scale
+from pdmtp.core.conditions import ConditionUpdate, set_conditions
+from pdmtp.core.reconcile import Decision, Observed, decide
 from pdmtp.core.revision import compat_revision
 
 NOW = 1_800_000_000.0
+
+
+def find(conditions: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
+    return next((c for c in conditions if c["type"] == type_), None)
 
 
 def body(b: PDDBuilder, status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -180,18 +185,14 @@ def test_a_refused_engine_start_degrades_with_the_launcher_message() -> None:
 def test_condition_times_move_only_when_status_flips() -> None:
     up = ConditionUpdate("Available", "True", "A", "m1")
     conds, flips = set_conditions([], [up], 1, "t1")
-    assert conds[0]["lastTransitionTime"] == "t1" and len(flips) == 1
+    assert conds[0].last_transition_time == "t1" and len(flips) == 1
     conds, flips = set_conditions(conds, [ConditionUpdate("Available", "True", "B", "m2")], 2, "t2")
-    assert conds[0]["lastTransitionTime"] == "t1" and flips == []
-    assert (conds[0]["reason"], conds[0]["message"], conds[0]["observedGeneration"]) == (
-        "B",
-        "m2",
-        2,
-    )
+    assert conds[0].last_transition_time == "t1" and flips == []
+    assert (conds[0].reason, conds[0].message, conds[0].observed_generation) == ("B", "m2", 2)
     conds, flips = set_conditions(
         conds, [ConditionUpdate("Available", "False", "C", "m3")], 2, "t3"
     )
-    assert conds[0]["lastTransitionTime"] == "t3" and flips[0].old == "True"
+    assert conds[0].last_transition_time == "t3" and flips[0].old == "True"
 
 
 def test_unusable_body_reports_invalid_spec() -> None:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
+from pdmtp.core.observe import Membership, Prefill
 from pdmtp.core.render import (
     RevisionReplicas,
     engine_args,
@@ -17,7 +18,6 @@ from pdmtp.core.render import (
     shared_children,
 )
 from pdmtp.core.revision import compat_revision
-from pdmtp.core.router import Membership, Prefill
 
 
 def children(b: PDDBuilder, membership: Membership | None = None) -> dict[str, dict[str, Any]]:

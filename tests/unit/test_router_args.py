@@ -8,25 +8,19 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pdmtp.core.router import (
-    DEFAULT_BOOTSTRAP_PORT,
-    ROUTER_POLICIES,
-    ROUTER_RBAC_RULES,
-    Membership,
-    Prefill,
-    revision_membership,
-    router_args,
-    static_router_args,
-)
-from pdmtp.core.vocabulary import (
+from pdmtp.api.vocabulary import (
     ANNOTATION_BOOTSTRAP_PORT,
+    DEFAULT_BOOTSTRAP_PORT,
     ENGINE_HTTP_PORT,
     LABEL_NAME,
     LABEL_REVISION,
     LABEL_ROLE,
     ROUTER_HTTP_PORT,
     ROUTER_METRICS_PORT,
+    ROUTER_POLICIES,
 )
+from pdmtp.core.observe import Membership, Prefill, revision_membership
+from pdmtp.core.router import router_args, static_router_args
 
 
 def pod(
@@ -121,10 +115,6 @@ def test_unknown_policy_and_empty_roles_are_refused() -> None:
 
 def test_policies_are_a_fixed_enum() -> None:
     assert ROUTER_POLICIES == ("round_robin", "random", "cache_aware", "power_of_two")
-
-
-def test_router_needs_no_kubernetes_api_access() -> None:
-    assert ROUTER_RBAC_RULES == ()
 
 
 def test_in_cluster_args_listen_on_the_fixed_ports() -> None:

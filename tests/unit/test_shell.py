@@ -116,18 +116,6 @@ def test_work_queue_deduplicates_and_serialises_a_key() -> None:
     assert order == [("ns", "a"), ("ns", "b"), ("ns", "a")]
 
 
-def test_admission_uses_the_agreement_rules() -> None:
-    from builders import pdd
-    from pdmtp.core.admission import admission_problems
-
-    assert admission_problems(pdd().mtp(3, modules=3).dict()) == []
-    (problem,) = admission_problems(pdd().mtp(3).prefill(k=2).dict())
-    assert problem.startswith("MTPModulesUnknown: ")
-    broken = pdd().dict()
-    broken["spec"]["decode"]["replicas"] = -2
-    assert any("spec.decode.replicas" in p for p in admission_problems(broken))
-
-
 def test_webhook_certificate_names_the_host_and_address(tmp_path: Any) -> None:
     from cryptography import x509
     from pdmtp.webhook import self_signed

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
+from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import CEL_KEY, MAX_NAME_LENGTH, PDDeployment
-from pdmtp.core import vocabulary as v
 
 JsonSchema = dict[str, Any]
 

@@ -2,7 +2,10 @@
 
 Every field carries a description (it becomes the CRD's and the field reference's text). CEL rules
 that the API server enforces at admission are attached with `cel(...)`; the operator re-checks the
-same facts in `pdmtp.core.agreement`, so offline validation and admission agree.
+same facts in `pdmtp.core.agreement`, so offline validation and admission agree. The status models
+are what the operator writes (`pdmtp.core.status` builds them), so schema and writer cannot drift.
+
+Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from pdmtp.core import vocabulary as v
-from pdmtp.core.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
-from pdmtp.core.lookahead import LOOKAHEAD_METHODS, MTP_METHOD_ALIASES
-from pdmtp.core.router import ROUTER_POLICIES
+from pdmtp.api import vocabulary as v
+from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
+from pdmtp.api.methods import SPECULATIVE_METHODS
 
 CEL_KEY = "x-kubernetes-validations"
 MAX_NAME_LENGTH = 40
@@ -48,14 +50,6 @@ class _Model(BaseModel):
     )
 
 
-SPECULATIVE_METHODS: tuple[str, ...] = tuple(
-    sorted(
-        LOOKAHEAD_METHODS
-        | MTP_METHOD_ALIASES
-        # The other methods vLLM 0.33.0 accepts (custom_class needs code in the image: left out).
-        | {"ngram", "ngram_gpu", "draft_model", "suffix", "extract_hidden_states"}
-    )
-)
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
@@ -217,7 +211,7 @@ class KVTransferSpec(_Model):
         description="RDMA device names (`mooncake_device_name`), e.g. mlx5_0. Required for rdma.",
     )
     bootstrap_port: int = Field(
-        default=8998,
+        default=v.DEFAULT_BOOTSTRAP_PORT,
         ge=1024,
         le=65535,
         description=(
@@ -346,11 +340,11 @@ class RouterSpec(_Model):
     """The per-revision vllm-router that pairs a prefill and a decode for each request."""
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods of a serving revision.")
-    policy: Literal[ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
+    policy: Literal[v.ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
         default="round_robin", description="Load-balancing policy of vllm-router (`--policy`)."
     )
     image: str = Field(
-        default="pdmtp-router:0.1.17",
+        default=v.DEFAULT_ROUTER_IMAGE,
         min_length=1,
         max_length=512,
         description="Router image (images/router), vllm-router pinned.",
@@ -445,6 +439,10 @@ class PDDeploymentSpec(_Model):
         json_schema_extra=defaulted(RolloutSpec),
         description="Rollout policy for both kinds of rollout.",
     )
+
+    def role(self, role: v.EngineRole) -> RoleSpec:
+        """spec.prefill or spec.decode."""
+        return v.by_role(role, self.prefill, self.decode)
 
 
 class Condition(_Model):

@@ -1,4 +1,5 @@
-"""What both roles must agree on (DESIGN.md section 4), decided over a parsed spec.
+"""What both roles must agree on (docs/design.md, "What both roles must agree on"), decided over a
+parsed spec.
 
 The CRD's CEL rules reject some of these at admission already; they are checked here again so that
 `pdmtp validate` works offline and the operator never trusts that the schema it runs against is
@@ -9,13 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdmtp.api import reasons
+from pdmtp.api.flags import OWNED_FLAGS, owned_flags_in
+from pdmtp.api.methods import DRAFT_MODEL_METHODS
 from pdmtp.api.v1alpha1 import PDDeploymentSpec, RoleSpec
-from pdmtp.core import reasons
-from pdmtp.core.flags import OWNED_FLAGS, owned_flags_in
+from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
 from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_lookahead
-
-DRAFT_MODEL_METHODS = frozenset({"eagle", "eagle3", "draft_model"})
-"""Methods that draft with a separate model and so need spec.speculative.draftModel."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ class Agreement:
     @property
     def compatible(self) -> bool:
         return not self.findings
+
+    def lookahead(self, role: EngineRole) -> int | None:
+        return by_role(role, self.prefill_lookahead, self.decode_lookahead)
 
 
 def speculative_tokens(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
@@ -67,10 +70,6 @@ def role_lookahead(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
 def role_max_model_len(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
     """A role's context length: its override, else the shared one (None: vLLM decides)."""
     return role.max_model_len if role.max_model_len is not None else spec.engine.max_model_len
-
-
-def _roles(spec: PDDeploymentSpec) -> dict[str, RoleSpec]:
-    return {"prefill": spec.prefill, "decode": spec.decode}
 
 
 def _lookahead_findings(
@@ -124,7 +123,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
             )
         )
     if spec.speculative is None:
-        for name, role in _roles(spec).items():
+        for name, role in ((r, spec.role(r)) for r in ENGINE_ROLES):
             if role.speculative is not None:
                 findings.append(
                     Finding(
@@ -147,7 +146,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
         and normalise_method(spec.speculative.method) == "mtp"
         and modules
     ):
-        for name, role in _roles(spec).items():
+        for name, role in ((r, spec.role(r)) for r in ENGINE_ROLES):
             k = speculative_tokens(spec, role)
             if k is not None and k > modules and k % modules:
                 findings.append(
@@ -172,7 +171,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
 def _flag_findings(spec: PDDeploymentSpec) -> list[Finding]:
     findings: list[Finding] = []
     sources = {"spec.engine.extraArgs": spec.engine.extra_args}
-    sources.update({f"spec.{name}.extraArgs": r.extra_args for name, r in _roles(spec).items()})
+    sources.update({f"spec.{r}.extraArgs": spec.role(r).extra_args for r in ENGINE_ROLES})
     for path, args in sources.items():
         flags = owned_flags_in(args)
         if flags:

@@ -1,7 +1,7 @@
 """Deterministic names and labels of every child object: computed, never stored."""
 
-from pdmtp.core import vocabulary as v
-from pdmtp.core.vocabulary import Role
+from pdmtp.api import vocabulary as v
+from pdmtp.api.vocabulary import Role
 
 
 def workload(name: str, revision: str, role: Role) -> str:

@@ -1,4 +1,8 @@
-"""Turn the children the shell listed (plain API dicts) into the planner's view of revisions.
+"""The one observation layer: plain API dicts in, the facts the core decides on out.
+
+Everything that reads a pod or a Deployment lives here: readiness, the planner's view of revisions,
+a router's engine membership, pods that explain a stall or a failure. The reconcile, the router
+rendering and the tests' invariant watcher all read the cluster through these functions.
 
 Pods are counted from pods, not from Deployment status: terminating pods still hold GPUs (the
 surge ceiling counts them) and a Deployment's status lags its pods.
@@ -6,15 +10,18 @@ surge ceiling counts them) and a Deployment's status lags its pods.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pdmtp.core import vocabulary as v
+from pdmtp.api import vocabulary as v
+from pdmtp.core.hashing import short_hash
 from pdmtp.core.planner import RevisionState, RoleState
 
 Obj = Mapping[str, Any]
+MEMBERSHIP_TOKEN_LENGTH = 16
 
 
 def parse_time(value: str | None) -> float | None:
@@ -37,16 +44,24 @@ def annotations_of(obj: Obj) -> Mapping[str, str]:
     return (obj.get("metadata") or {}).get("annotations") or {}
 
 
+def name_of(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
 def is_terminating(obj: Obj) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
 
 
-def is_ready(pod: Obj) -> bool:
-    """Ready and not on its way out."""
-    if is_terminating(pod):
+def pod_ready(pod: Obj) -> bool:
+    """Running, Ready and not on its way out: the only pods that may take traffic."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running" or is_terminating(pod):
         return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
+    conditions = status.get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+# ---- pods that explain a stall or a failure -------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -63,7 +78,7 @@ class PodIssue:
 
 def _issue(pod: Obj, message: str, exit_code: int = 0) -> PodIssue:
     return PodIssue(
-        pod=(pod.get("metadata") or {}).get("name", ""),
+        pod=name_of(pod),
         revision=labels_of(pod).get(v.LABEL_REVISION, ""),
         role=labels_of(pod).get(v.LABEL_ROLE, ""),
         message=message,
@@ -99,9 +114,12 @@ def unschedulable(pods: Iterable[Obj]) -> list[PodIssue]:
     return sorted(out, key=lambda u: u.pod)
 
 
+# ---- the planner's view ---------------------------------------------------------------------
+
+
 def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
-    return RoleState(replicas, len(pods), sum(is_ready(p) for p in pods))
+    return RoleState(replicas, len(pods), sum(pod_ready(p) for p in pods))
 
 
 def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[RevisionState]:
@@ -123,23 +141,98 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
     for rev in revisions:
         created = [
             parse_time((by_workload[(rev, r)].get("metadata") or {}).get("creationTimestamp"))
-            for r in ("prefill", "decode", "router")
+            for r in v.ROLES
             if (rev, r) in by_workload
         ]
         router = by_workload.get((rev, "router"))
         drain = parse_time(annotations_of(router).get(v.ANNOTATION_DRAIN_UNTIL)) if router else None
+        roles = {
+            r: _role_state(by_workload.get((rev, r)), pods_of.get((rev, r), [])) for r in v.ROLES
+        }
         states.append(
             RevisionState(
                 revision=rev,
-                prefill=_role_state(
-                    by_workload.get((rev, "prefill")), pods_of.get((rev, "prefill"), [])
-                ),
-                decode=_role_state(
-                    by_workload.get((rev, "decode")), pods_of.get((rev, "decode"), [])
-                ),
-                router=_role_state(router, pods_of.get((rev, "router"), [])),
+                prefill=roles["prefill"],
+                decode=roles["decode"],
+                router=roles["router"],
                 drain_until=drain,
                 created=min((c for c in created if c is not None), default=float("inf")),
             )
         )
     return sorted(states, key=lambda s: (s.created, s.revision))
+
+
+# ---- a router's engines ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Prefill:
+    """A prefill engine as the router addresses it."""
+
+    url: str
+    bootstrap_port: int
+
+
+@dataclass(frozen=True)
+class Membership:
+    """The engines one revision's router may route to, read from observed pods."""
+
+    prefills: tuple[Prefill, ...]
+    decodes: tuple[str, ...]
+    token: str
+    """Changes whenever the router must restart: membership, or a prefill engine restarted."""
+
+    @property
+    def routable(self) -> bool:
+        return bool(self.prefills) and bool(self.decodes)
+
+
+def engine_url(ip: str) -> str:
+    """The URL of an engine pod's OpenAI server."""
+    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
+    return f"http://{host}:{v.ENGINE_HTTP_PORT}"
+
+
+def _restarts(pod: Obj) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(s.get("restartCount", 0)) for s in statuses)
+
+
+def revision_membership(
+    pods: Iterable[Obj],
+    *,
+    deployment_name: str,
+    revision: str,
+    bootstrap_port: int = v.DEFAULT_BOOTSTRAP_PORT,
+) -> Membership:
+    """Pick the Ready engine pods of exactly one (deployment, revision) from pod objects (dicts).
+
+    A pod of another revision or deployment is never selected, whatever else it carries, so a
+    router can never pair across revisions. The order is stable (sorted), so the same pods always
+    render the same arguments and an unchanged revision never rolls its router.
+    """
+    prefills: list[Prefill] = []
+    decodes: list[str] = []
+    identity: list[str] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(v.LABEL_NAME) != deployment_name or labels.get(v.LABEL_REVISION) != revision:
+            continue
+        role = labels.get(v.LABEL_ROLE)
+        ip = (pod.get("status") or {}).get("podIP")
+        if role not in v.ENGINE_ROLES or not ip or not pod_ready(pod):
+            continue
+        url = engine_url(ip)
+        if role == "prefill":
+            annotated = (meta.get("annotations") or {}).get(v.ANNOTATION_BOOTSTRAP_PORT)
+            port = int(annotated) if annotated else bootstrap_port
+            prefills.append(Prefill(url, port))
+            # vLLM mints a new engine_id whenever a prefill engine starts; the router learns ids
+            # only at its own start, so a prefill container restart must restart the router.
+            identity.append(f"p {url} {port} {meta.get('uid', '')} {_restarts(pod)}")
+        else:
+            decodes.append(url)
+            identity.append(f"d {url}")
+    token = short_hash("\n".join(sorted(identity)), MEMBERSHIP_TOKEN_LENGTH)
+    return Membership(tuple(sorted(prefills)), tuple(sorted(decodes)), token)

@@ -1,8 +1,16 @@
 """The rollout planner: one pure step from observed revisions to the replicas each should have.
 
 `plan(observed, target, policy, now)` looks only at what it is given (no memory between calls), so
-an operator restarted at any point continues from what it observes (invariant 6). The invariants
-it keeps (DESIGN.md section 5):
+an operator restarted at any point continues from what it observes (invariant 6). It answers with
+a `Step`: every revision's replicas, and an outcome, as LWS's DisaggregatedSet planner does:
+
+- `Progress`: something changes now, or something the step waits for is under way (pods starting
+  or terminating, a drain running);
+- `Complete`: the target revision alone runs, at its replicas, all ready and serving;
+- `Blocked`: nothing changes and nothing is under way, so waiting cannot help; `reason` says why
+  (an incompatible spec, or a policy that allows no move).
+
+The invariants it keeps (docs/design.md, "Rollout invariants"):
 
 1. a revision's router pairs only that revision's pods (rendering; not decided here);
 2. a revision gets traffic (router replicas > 0) only with >= 1 ready prefill and decode;
@@ -13,14 +21,38 @@ it keeps (DESIGN.md section 5):
 5. when superseded (A -> B -> C), the newest old revision (B) is drained first and the oldest
    (A, the most established) keeps serving longest;
 7. with no target revision (an incompatible spec) nothing changes.
+
+A step, in order:
+
+1. scale the update revision up within the surge budget;
+2. shrink, un-route and retire old revisions, least established first;
+3. unwedge a superseded roll (one pod beyond maxSurge, see `_unwedge`);
+4. route to the update revision once it pairs a ready prefill with a ready decode.
+
+Worked example, prefill only (decode moves the same way), target 2 replicas, maxSurge 1,
+maxUnavailable 0 (floor 2, ceiling 3), old revision A serving 2 ready pods:
+
+- t0: B does not exist. Step 1: A holds 2 pods, so B may have 3 - 2 = 1. B: 0 -> 1.
+- t1: B's pod is starting (1 pod, 0 ready). Nothing else may move: Progress, a wait.
+- t2: B's pod is ready and B's decode too, so step 4 routes B (router 0 -> 1).
+- t3: B serves 1 ready, A 2: 3 ready serving. Step 2: without A, 1 < floor 2, so A keeps its
+  router, but 3 - 2 = 1 pod is spare: A 2 -> 1. Once that pod is gone, step 1 lets B have 2.
+- t5: B serves 2 ready = floor: A is un-routed, its drain starts; its pods stay drainSeconds.
+- t5 + drainSeconds: A is retired (Deployments deleted). Then Complete.
+
+With maxSurge 0, maxUnavailable 1 (floor 1, ceiling 2): t0: B may have 2 - 2 = 0 pods, so step 2
+first shrinks A to 1 (spare 2 - 1 = 1), freeing room: one pair is replaced at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
-from pdmtp.core.vocabulary import ENGINE_ROLES, EngineRole
+from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
+
+Outcome = Literal["Progress", "Complete", "Blocked"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +65,11 @@ class RoleState:
     """Pods that exist, terminating ones included: they still hold GPUs."""
     ready: int = 0
     """Ready pods that are not terminating."""
+
+    @property
+    def settled(self) -> bool:
+        """Every wanted pod exists and is ready; none is on its way in or out."""
+        return self.pods == self.replicas == self.ready
 
 
 @dataclass(frozen=True)
@@ -48,7 +85,7 @@ class RevisionState:
     created: float = 0.0
 
     def role(self, role: EngineRole) -> RoleState:
-        return self.prefill if role == "prefill" else self.decode
+        return by_role(role, self.prefill, self.decode)
 
     @property
     def serving(self) -> bool:
@@ -75,7 +112,7 @@ class Target:
     router: int
 
     def replicas(self, role: EngineRole) -> int:
-        return self.prefill if role == "prefill" else self.decode
+        return by_role(role, self.prefill, self.decode)
 
 
 @dataclass(frozen=True)
@@ -97,23 +134,33 @@ class RevisionPlan:
     delete: bool = False
 
     def replicas(self, role: EngineRole) -> int:
-        return self.prefill if role == "prefill" else self.decode
+        return by_role(role, self.prefill, self.decode)
 
 
 @dataclass(frozen=True)
 class Step:
-    """The planner's answer: every revision's plan, and when to look again."""
+    """The planner's answer: every revision's plan, the outcome, and when to look again."""
 
     revisions: tuple[RevisionPlan, ...]
-    complete: bool
-    """The target revision alone exists, at its target replicas, all ready and serving."""
+    outcome: Outcome
+    reason: str = ""
+    """Why the roll is Blocked (empty otherwise)."""
     requeue_after: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.outcome == "Complete"
+
+    @property
+    def blocked(self) -> bool:
+        return self.outcome == "Blocked"
 
     def for_revision(self, revision: str) -> RevisionPlan | None:
         return next((p for p in self.revisions if p.revision == revision), None)
 
 
-def _unchanged(state: RevisionState) -> RevisionPlan:
+def unchanged(state: RevisionState) -> RevisionPlan:
+    """The plan that leaves a revision exactly as it is."""
     return RevisionPlan(
         state.revision,
         state.prefill.replicas,
@@ -143,31 +190,33 @@ def availability_floor(target: Target, policy: Policy) -> dict[EngineRole, int]:
 
 
 def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now: float) -> Step:
-    """One step of the rollout towards `target` (see the module docstring for the invariants)."""
+    """One step of the rollout towards `target` (see the module docstring)."""
     if target.revision is None:
         # Invariant 7: an incompatible spec changes nothing; whatever serves keeps serving.
-        return Step(tuple(_unchanged(s) for s in observed), complete=False)
+        return Step(
+            tuple(unchanged(s) for s in observed),
+            "Blocked",
+            "the spec is incompatible: no new revision starts",
+        )
 
     update = next((s for s in observed if s.revision == target.revision), None)
     if update is None:
         update = RevisionState(target.revision, created=now)
     olds = sorted((s for s in observed if s.revision != target.revision), key=establishment)
 
-    ceiling = {r: target.replicas(r) + policy.max_surge for r in ENGINE_ROLES}
-    floor = availability_floor(target, policy)
-    available = {
-        r: sum(s.role(r).ready for s in (update, *olds) if s.serving) for r in ENGINE_ROLES
-    }
-
     # 1. Scale the update revision up within the surge budget.
+    ceiling = {r: target.replicas(r) + policy.max_surge for r in ENGINE_ROLES}
     update_replicas: dict[EngineRole, int] = {}
     for r in ENGINE_ROLES:
         others = sum(max(s.role(r).replicas, s.role(r).pods) for s in olds)
         allowed = ceiling[r] - others
-        current = update.role(r).replicas
-        update_replicas[r] = min(target.replicas(r), max(current, allowed, 0))
+        update_replicas[r] = min(target.replicas(r), max(update.role(r).replicas, allowed, 0))
 
-    # 3. Shrink, un-route and retire old revisions, least established first (invariant 5).
+    # 2. Shrink, un-route and retire old revisions, least established first (invariant 5).
+    floor = availability_floor(target, policy)
+    available = {
+        r: sum(s.role(r).ready for s in (update, *olds) if s.serving) for r in ENGINE_ROLES
+    }
     old_plans: list[RevisionPlan] = []
     requeue: float | None = None
     may_unroute = True
@@ -181,31 +230,43 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
             wait = max(old_plan.drain_until - now, 0.0)
             requeue = wait if requeue is None else min(requeue, wait)
 
-    # 4. Superseded rollouts can wedge: two old revisions each hold a role's last pod, the
-    #    update revision has none of that role and no room for one, and neither old revision can
-    #    be un-routed without the other dropping below the floor. Grant the update revision one
-    #    pod beyond maxSurge for that role: a brief extra GPU beats losing serving capacity.
+    # 3. Unwedge a superseded roll.
     pairable = update.prefill.ready >= 1 and update.decode.ready >= 1
-    wedged = (
-        not pairable
-        and sum(o.routed and not o.draining for o in olds) >= 2
-        and not any(o.draining for o in olds)
-        and all(p == _unchanged(o) for p, o in zip(old_plans, olds, strict=True))
-    )
-    if wedged:
+    if not pairable and _wedged(olds, old_plans):
         for r in ENGINE_ROLES:
             if update_replicas[r] == 0 and target.replicas(r) > 0:
                 update_replicas[r] = 1
 
-    # 2. Route to the update revision once it pairs a ready prefill with a ready decode.
+    # 4. Route to the update revision once it pairs a ready prefill with a ready decode.
     update_plan = RevisionPlan(
         target.revision,
         update_replicas["prefill"],
         update_replicas["decode"],
         target.router if pairable else 0,
     )
+    plans = (*old_plans, update_plan)
 
-    complete = (
+    if _complete(update, olds, target):
+        return Step(plans, "Complete", requeue_after=requeue)
+    if _moves(plans, observed) or _under_way(update, olds):
+        return Step(plans, "Progress", requeue_after=requeue)
+    return Step(plans, "Blocked", _why_blocked(policy), requeue)
+
+
+def _wedged(olds: Sequence[RevisionState], old_plans: Sequence[RevisionPlan]) -> bool:
+    """A superseded roll can wedge: two old revisions each hold a role's last pod, the update
+    revision has none of that role and no room for one, and neither old revision can be un-routed
+    without the other dropping below the floor. The update revision then gets one pod beyond
+    maxSurge for that role: a brief extra GPU beats losing serving capacity."""
+    return (
+        sum(o.routed and not o.draining for o in olds) >= 2
+        and not any(o.draining for o in olds)
+        and all(p == unchanged(o) for p, o in zip(old_plans, olds, strict=True))
+    )
+
+
+def _complete(update: RevisionState, olds: Sequence[RevisionState], target: Target) -> bool:
+    return (
         not olds
         and all(update.role(r).replicas == target.replicas(r) for r in ENGINE_ROLES)
         and all(update.role(r).ready == target.replicas(r) for r in ENGINE_ROLES)
@@ -213,7 +274,30 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
         # A router restarting for new engine membership is no rollout: ready is enough.
         and update.router.ready >= target.router
     )
-    return Step((*old_plans, update_plan), complete, requeue)
+
+
+def _moves(plans: Sequence[RevisionPlan], observed: Sequence[RevisionState]) -> bool:
+    """The step changes replicas, a drain mark or a deletion (an empty new revision is none)."""
+    before = {s.revision: unchanged(s) for s in observed}
+    return any(before.get(p.revision, RevisionPlan(p.revision, 0, 0, 0)) != p for p in plans)
+
+
+def _under_way(update: RevisionState, olds: Sequence[RevisionState]) -> bool:
+    """Something the planner waits for can still change by itself: pods starting, becoming
+    ready or terminating, or a drain running out."""
+    revisions = (update, *olds)
+    return any(s.draining for s in olds) or not all(
+        role.settled for s in revisions for role in (s.prefill, s.decode, s.router)
+    )
+
+
+def _why_blocked(policy: Policy) -> str:
+    if policy.max_surge == 0 and policy.max_unavailable == 0:
+        return (
+            "maxSurge and maxUnavailable are both 0: no pod may be added or removed; "
+            "set spec.rollout.maxSurge to 1 (or maxUnavailable, where capacity allows)"
+        )
+    return "no step can make progress with what is observed and the rollout policy"
 
 
 def _step_old(
@@ -225,7 +309,7 @@ def _step_old(
     may_unroute: bool,
 ) -> tuple[RevisionPlan, dict[EngineRole, int]]:
     """The plan for one old revision and the availability left after it."""
-    keep = _unchanged(old)
+    keep = unchanged(old)
     if old.draining:
         # Invariant 4: pods stay until the drain ends and the router's pods are gone.
         assert old.drain_until is not None

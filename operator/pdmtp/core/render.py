@@ -8,22 +8,23 @@ cluster or the clock.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec, RoleSpec
+from pdmtp.api.vocabulary import EngineRole, Role
 from pdmtp.core import names
-from pdmtp.core import vocabulary as v
 from pdmtp.core.agreement import Agreement, role_max_model_len, speculative_tokens
+from pdmtp.core.hashing import canonical_json
+from pdmtp.core.observe import Membership
 from pdmtp.core.revision import role_hash
-from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, Membership, router_args
-from pdmtp.core.vocabulary import Role
+from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, router_args
 
 Manifest = dict[str, Any]
 
-KV_ROLES: Mapping[str, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_ROLES: Mapping[EngineRole, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
 SHM_VOLUME = "dshm"
@@ -64,11 +65,7 @@ def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manife
     }
 
 
-def _compact_json(data: Mapping[str, Any]) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"))
-
-
-def kv_transfer_config(spec: PDDeploymentSpec, role: str) -> Manifest:
+def kv_transfer_config(spec: PDDeploymentSpec, role: EngineRole) -> Manifest:
     """The `--kv-transfer-config` of a role: the fixed connector, loaded out of tree."""
     extra: dict[str, Any] = {"mooncake_protocol": spec.kv_transfer.protocol}
     if spec.kv_transfer.device_names:
@@ -94,13 +91,9 @@ def speculative_config(spec: PDDeploymentSpec, role: RoleSpec) -> Manifest | Non
     return config
 
 
-def _role_spec(spec: PDDeploymentSpec, role: str) -> RoleSpec:
-    return spec.prefill if role == "prefill" else spec.decode
-
-
-def engine_args(spec: PDDeploymentSpec, role: str) -> list[str]:
+def engine_args(spec: PDDeploymentSpec, role: EngineRole) -> list[str]:
     """The engine container's args: `vllm serve` with every typed setting as a flag."""
-    r = _role_spec(spec, role)
+    r = spec.role(role)
     args = [
         "vllm",
         "serve",
@@ -133,28 +126,28 @@ def engine_args(spec: PDDeploymentSpec, role: str) -> list[str]:
         args.append("--disable-hybrid-kv-cache-manager")
     speculative = speculative_config(spec, r)
     if speculative is not None:
-        args += ["--speculative-config", _compact_json(speculative)]
-    args += ["--kv-transfer-config", _compact_json(kv_transfer_config(spec, role))]
+        args += ["--speculative-config", canonical_json(speculative)]
+    args += ["--kv-transfer-config", canonical_json(kv_transfer_config(spec, role))]
     return [*args, *spec.engine.extra_args, *r.extra_args]
 
 
-def _env(spec: PDDeploymentSpec, role: str, agreement: Agreement) -> list[Manifest]:
+def _env(spec: PDDeploymentSpec, role: EngineRole, agreement: Agreement) -> list[Manifest]:
     env: list[Manifest] = [
         {"name": v.ENV_ROLE, "value": role},
         {"name": v.ENV_VLLM_HOST_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": v.ENV_MOONCAKE_BOOTSTRAP_PORT, "value": str(spec.kv_transfer.bootstrap_port)},
     ]
-    lookahead = agreement.prefill_lookahead if role == "prefill" else agreement.decode_lookahead
+    lookahead = agreement.lookahead(role)
     if lookahead is not None:
         env.append({"name": v.ENV_EXPECTED_LOOKAHEAD, "value": str(lookahead)})
     if agreement.prefill_backoff is not None:
         env.append({"name": v.ENV_EXPECTED_BACKOFF, "value": str(agreement.prefill_backoff)})
-    env += [{"name": e.name, "value": e.value} for e in _role_spec(spec, role).env]
+    env += [{"name": e.name, "value": e.value} for e in spec.role(role).env]
     return env
 
 
-def _resources(spec: PDDeploymentSpec, role: str) -> Manifest:
-    r = _role_spec(spec, role)
+def _resources(spec: PDDeploymentSpec, role: EngineRole) -> Manifest:
+    r = spec.role(role)
     gpus = r.tensor_parallel_size * r.pipeline_parallel_size
     extended: dict[str, int | str] = {v.GPU_RESOURCE: gpus}
     if spec.kv_transfer.protocol == "rdma":
@@ -175,16 +168,16 @@ def _probe(path: str, period: int, failures: int) -> Manifest:
 
 
 def engine_pod_template(
-    pdd: PDDeployment, revision: str, role: str, agreement: Agreement
+    pdd: PDDeployment, revision: str, role: EngineRole, agreement: Agreement
 ) -> Manifest:
     """The pod template of one (revision, engine role)."""
     spec = pdd.spec
-    r = _role_spec(spec, role)
+    r = spec.role(role)
     rdma = spec.kv_transfer.protocol == "rdma"
     ports: list[Manifest] = [
         {"name": "http", "containerPort": v.ENGINE_HTTP_PORT, "protocol": "TCP"}
     ]
-    annotations = {**r.pod_annotations, v.ANNOTATION_ROLE_HASH: role_hash(spec, role)}  # type: ignore[arg-type]
+    annotations = {**r.pod_annotations, v.ANNOTATION_ROLE_HASH: role_hash(spec, role)}
     if role == "prefill":
         ports.append(
             {
@@ -226,7 +219,7 @@ def engine_pod_template(
         ]
     return {
         "metadata": {
-            "labels": names.pod_labels(pdd.metadata.name, revision, role),  # type: ignore[arg-type]
+            "labels": names.pod_labels(pdd.metadata.name, revision, role),
             "annotations": annotations,
         },
         "spec": pod_spec,
@@ -264,7 +257,7 @@ def _deployment(
 
 
 def engine_deployment(
-    pdd: PDDeployment, revision: str, role: Role, replicas: int, agreement: Agreement
+    pdd: PDDeployment, revision: str, role: EngineRole, replicas: int, agreement: Agreement
 ) -> Manifest:
     """The Deployment of one (revision, engine role)."""
     template = engine_pod_template(pdd, revision, role, agreement)

@@ -1,9 +1,14 @@
-"""Every label key, annotation key and engine environment variable the project writes, in one place.
+"""Every name the project writes and every default it applies, in one place: the API group, label
+and annotation keys, engine environment variables, ports, extended resources, the connector the
+engine image ships, and the router's pin.
 
-Other modules import these names; nothing spells the strings again.
+Other modules import these names; nothing spells the strings or numbers again. This module imports
+nothing from pdmtp: it is the bottom of the layering (docs/design.md, "Layers").
 """
 
-from typing import Final, Literal
+from typing import Final, Literal, TypeVar
+
+T = TypeVar("T")
 
 GROUP: Final = "pdmtp.io"
 VERSION: Final = "v1alpha1"
@@ -16,6 +21,7 @@ SHORT_NAME: Final = "pdd"
 EngineRole = Literal["prefill", "decode"]
 Role = Literal["prefill", "decode", "router"]
 ENGINE_ROLES: Final[tuple[EngineRole, EngineRole]] = ("prefill", "decode")
+ROLES: Final[tuple[Role, Role, Role]] = ("prefill", "decode", "router")
 
 # Labels on every child object and pod.
 LABEL_NAME: Final = f"{GROUP}/name"
@@ -61,3 +67,21 @@ CONNECTOR_MODULE: Final = "pdmtp_engine.connector"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 RDMA_RESOURCE: Final = "rdma/hca_shared_devices_a"
 """The shared-device RDMA resource (k8s-rdma-shared-dev-plugin's default name)."""
+
+# Defaults the API applies (the CRD's defaults are generated from the model, which reads these).
+DEFAULT_BOOTSTRAP_PORT: Final = 8998
+"""vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default; also what vllm-router assumes when given none."""
+ROUTER_VERSION: Final = "0.1.17"
+"""The vllm-router release images/router pins and core/router.py renders flags for."""
+DEFAULT_ROUTER_IMAGE: Final = f"pdmtp-router:{ROUTER_VERSION}"
+ROUTER_POLICIES: Final[tuple[str, ...]] = ("round_robin", "random", "cache_aware", "power_of_two")
+"""spec.router.policy values: the vllm-router `--policy` choices that need no extra inputs.
+
+kv_aware needs KV event sources, consistent_hash and sticky_least_loaded need session keys from
+the client; none of those is modelled by the CRD.
+"""
+
+
+def by_role(role: EngineRole, prefill: T, decode: T) -> T:
+    """The prefill or decode member of a pair: the one place the two roles are told apart."""
+    return prefill if role == "prefill" else decode

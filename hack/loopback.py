@@ -1,4 +1,5 @@
-"""Free ports on 127.0.0.1 for test servers (every server a test starts binds loopback only)."""
+"""Free ports on 127.0.0.1 for the servers the local cluster and the tests start (every one binds
+loopback only). The one port picker of the repository."""
 
 from __future__ import annotations
 

@@ -1,0 +1,150 @@
+"""Condition types and the reasons of conditions and events: the one vocabulary status, events,
+`pdmtp validate` and the webhook speak.
+
+Every reason is registered with what it belongs to (a condition type, or `EVENT`) and what it
+means; docs/api-reference.md is generated from that table (`REASONS`), so a reason added here
+appears there (and the drift test fails until the reference is regenerated).
+"""
+
+from dataclasses import dataclass
+from typing import Final
+
+# Condition types.
+CONFIG_COMPATIBLE: Final = "ConfigCompatible"
+AVAILABLE: Final = "Available"
+PROGRESSING: Final = "Progressing"
+DEGRADED: Final = "Degraded"
+CONDITION_TYPES: Final = (CONFIG_COMPATIBLE, AVAILABLE, PROGRESSING, DEGRADED)
+EVENT: Final = "Event"
+"""What event-only reasons belong to in `REASONS`."""
+
+
+@dataclass(frozen=True)
+class Reason:
+    """A reason, what it belongs to (a condition type or EVENT) and what it means."""
+
+    name: str
+    belongs_to: str
+    meaning: str
+
+
+REASONS: list[Reason] = []
+"""Every reason, in the order registered (the reference lists them in this order)."""
+
+
+def _reason(belongs_to: str, name: str, meaning: str) -> str:
+    REASONS.append(Reason(name, belongs_to, meaning))
+    return name
+
+
+# ConfigCompatible.
+COMPATIBLE: Final = _reason(
+    CONFIG_COMPATIBLE, "Compatible", "Both roles derive the same lookahead; every rule holds."
+)
+LOOKAHEAD_MISMATCH: Final = _reason(
+    CONFIG_COMPATIBLE, "LookaheadMismatch", "The roles derive different prefill lookaheads."
+)
+MTP_MODULES_UNKNOWN: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "MTPModulesUnknown",
+    "The roles' numSpeculativeTokens differ and spec.model.mtpModules is not declared.",
+)
+TENSOR_PARALLEL_INDIVISIBLE: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "TensorParallelIndivisible",
+    "The roles' tensor-parallel sizes do not divide one another.",
+)
+MAX_MODEL_LEN_MISMATCH: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "MaxModelLenMismatch",
+    "The decode's context is shorter than the prefill's.",
+)
+OWNED_FLAG_IN_EXTRA_ARGS: Final = _reason(
+    CONFIG_COMPATIBLE, "OwnedFlagInExtraArgs", "extraArgs set a flag a typed field owns."
+)
+SPECULATIVE_OVERRIDE_WITHOUT_METHOD: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "SpeculativeOverrideWithoutMethod",
+    "A role overrides spec.speculative, which is not set.",
+)
+RDMA_DEVICES_MISSING: Final = _reason(
+    CONFIG_COMPATIBLE, "RDMADevicesMissing", "Protocol rdma without spec.kvTransfer.deviceNames."
+)
+DRAFT_MODEL_MISSING: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "DraftModelMissing",
+    "A method that drafts with a separate model has no spec.speculative.draftModel.",
+)
+SPECULATIVE_TOKENS_INDIVISIBLE: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "SpeculativeTokensIndivisible",
+    "numSpeculativeTokens exceeds mtpModules without being a multiple of it (vLLM refuses).",
+)
+INVALID_SPEC: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "InvalidSpec",
+    "The object does not parse as a PDDeployment (types, bounds, unknown fields).",
+)
+
+# Available.
+MINIMUM_REPLICAS_AVAILABLE: Final = _reason(
+    AVAILABLE,
+    "MinimumReplicasAvailable",
+    "Serving revisions have at least replicas - maxUnavailable ready pods per role.",
+)
+MINIMUM_REPLICAS_UNAVAILABLE: Final = _reason(
+    AVAILABLE,
+    "MinimumReplicasUnavailable",
+    "A revision serves, but with fewer ready pods than the floor.",
+)
+NO_SERVING_REVISION: Final = _reason(
+    AVAILABLE,
+    "NoServingRevision",
+    "No revision has a ready router with a ready prefill and decode.",
+)
+
+# Progressing.
+ROLLOUT_IN_PROGRESS: Final = _reason(
+    PROGRESSING, "RolloutInProgress", "A paired rollout or a scale is under way."
+)
+ROLLOUT_COMPLETE: Final = _reason(
+    PROGRESSING,
+    "RolloutComplete",
+    "The update revision alone runs, at its replicas, all ready and serving.",
+)
+ROLLOUT_BLOCKED: Final = _reason(
+    PROGRESSING,
+    "RolloutBlocked",
+    "No step can make progress (an incompatible spec, or a policy that allows no move).",
+)
+PODS_UNSCHEDULABLE: Final = _reason(
+    PROGRESSING, "PodsUnschedulable", "The scheduler cannot place the update revision's pods."
+)
+
+# Degraded.
+AS_EXPECTED: Final = _reason(
+    DEGRADED, "AsExpected", "No engine container has terminated with an error."
+)
+ENGINE_REFUSED_CONFIG: Final = _reason(
+    DEGRADED,
+    "EngineRefusedConfig",
+    "The engine launcher refused its configuration (exit 3, reason in the message).",
+)
+ENGINE_TERMINATED: Final = _reason(
+    DEGRADED, "EngineTerminated", "An engine container ended with an error and a message."
+)
+
+# Events (besides a condition's reason, which its transitions are posted under).
+CREATED: Final = _reason(EVENT, "Created", "A child object was created.")
+SCALED: Final = _reason(EVENT, "Scaled", "An old revision's Deployment was scaled.")
+TRAFFIC_STOPPED: Final = _reason(
+    EVENT, "TrafficStopped", "A revision's router was turned off; its pods drain."
+)
+REVISION_RETIRED: Final = _reason(
+    EVENT, "RevisionRetired", "A drained revision's workloads were deleted."
+)
+
+
+def reasons_of(belongs_to: str) -> list[str]:
+    """The reasons registered for a condition type (or EVENT), in order."""
+    return [r.name for r in REASONS if r.belongs_to == belongs_to]

@@ -1,0 +1,273 @@
+"""The status a reconcile writes, as the API's own status model: one builder per condition, the
+per-role counts and the revision table.
+
+`build` returns a `PDDeploymentStatus`; the shell writes its dump by alias (`as_dict`), so a field
+the schema does not have cannot be written, and the schema and the writer cannot drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import (
+    Lookahead,
+    PDDeploymentSpec,
+    PDDeploymentStatus,
+    RevisionStatus,
+    RoleStatus,
+)
+from pdmtp.api.vocabulary import Role
+from pdmtp.core.agreement import Agreement
+from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
+from pdmtp.core.observe import PodIssue
+from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
+
+Obj = Mapping[str, Any]
+
+
+def as_dict(status: PDDeploymentStatus) -> dict[str, Any]:
+    """The status as written: camelCase, unset fields left out."""
+    return status.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def parse_status(raw: Obj) -> PDDeploymentStatus:
+    """The stored status; what does not parse (a hand edit, an older writer) starts afresh,
+    keeping the conditions that do parse so their transition times survive."""
+    try:
+        return PDDeploymentStatus.model_validate(raw)
+    except ValidationError:
+        return PDDeploymentStatus(conditions=parse_conditions(raw.get("conditions") or []))
+
+
+# ---- one builder per condition ------------------------------------------------------------
+
+
+def config_compatible(agreement: Agreement) -> ConditionUpdate:
+    if not agreement.compatible:
+        first = agreement.findings[0]
+        message = "; ".join(f.message for f in agreement.findings)
+        return ConditionUpdate(reasons.CONFIG_COMPATIBLE, "False", first.reason, message)
+    look = agreement.decode_lookahead
+    detail = "both roles derive the same prefill lookahead" + (
+        f" ({look}, prefill backoff {agreement.prefill_backoff})" if look is not None else ""
+    )
+    return ConditionUpdate(reasons.CONFIG_COMPATIBLE, "True", reasons.COMPATIBLE, detail)
+
+
+def available(states: Sequence[RevisionState], target: Target, policy: Policy) -> ConditionUpdate:
+    serving = [s for s in states if s.serving]
+    if not serving:
+        return ConditionUpdate(
+            reasons.AVAILABLE,
+            "False",
+            reasons.NO_SERVING_REVISION,
+            "no revision has a ready router with a ready prefill and decode yet",
+        )
+    floor = availability_floor(target, policy)
+    ready = {r: sum(s.role(r).ready for s in serving) for r in v.ENGINE_ROLES}
+    serves = f"serving {ready['prefill']} prefill and {ready['decode']} decode ready pods"
+    if all(ready[r] >= max(1, floor[r]) for r in v.ENGINE_ROLES):
+        return ConditionUpdate(
+            reasons.AVAILABLE,
+            "True",
+            reasons.MINIMUM_REPLICAS_AVAILABLE,
+            f"{serves} through {len(serving)} revision(s)",
+        )
+    return ConditionUpdate(
+        reasons.AVAILABLE,
+        "False",
+        reasons.MINIMUM_REPLICAS_UNAVAILABLE,
+        f"{serves}, below the minimum {floor['prefill']} and {floor['decode']}",
+    )
+
+
+def progressing(
+    agreement: Agreement,
+    step: Step,
+    states: Sequence[RevisionState],
+    target: Target,
+    waiting: Sequence[PodIssue],
+    current: str | None,
+) -> ConditionUpdate:
+    if not agreement.compatible:
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.ROLLOUT_BLOCKED,
+            "the spec is incompatible: no new revision starts"
+            + (f"; {current} keeps serving" if current else ""),
+        )
+    if step.complete:
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.ROLLOUT_COMPLETE,
+            f"revision {target.revision} is fully rolled out",
+        )
+    if step.blocked:
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.ROLLOUT_BLOCKED,
+            f"rollout to {target.revision} cannot proceed: {step.reason}",
+        )
+    olds = [s.revision for s in states if s.revision != target.revision]
+    what = f"rolling from {', '.join(olds)} to" if olds else "scaling"
+    stuck = [u for u in waiting if u.revision == target.revision]
+    if stuck:
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "True",
+            reasons.PODS_UNSCHEDULABLE,
+            f"{what} {target.revision}: the scheduler cannot place {len(stuck)} pod(s) "
+            f"({stuck[0].role} {stuck[0].pod}: {stuck[0].message}); add capacity or "
+            "allow spec.rollout.maxUnavailable so old pods make room",
+        )
+    return ConditionUpdate(
+        reasons.PROGRESSING, "True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}"
+    )
+
+
+def degraded(failures: Sequence[PodIssue]) -> ConditionUpdate:
+    if not failures:
+        return ConditionUpdate(
+            reasons.DEGRADED,
+            "False",
+            reasons.AS_EXPECTED,
+            "no engine container has terminated with an error",
+        )
+    f = failures[0]
+    refused = f.exit_code == v.LAUNCHER_REFUSED_EXIT_CODE
+    return ConditionUpdate(
+        reasons.DEGRADED,
+        "True",
+        reasons.ENGINE_REFUSED_CONFIG if refused else reasons.ENGINE_TERMINATED,
+        f"{f.role} pod {f.pod} (revision {f.revision}) exited {f.exit_code}: {f.message}"
+        + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""),
+    )
+
+
+# ---- counts -----------------------------------------------------------------------------------
+
+
+def _role_of(state: RevisionState, role: Role) -> RoleState:
+    return state.router if role == "router" else state.role(role)
+
+
+def role_counts(
+    states: Sequence[RevisionState], spec: PDDeploymentSpec, update: str | None
+) -> list[RoleStatus]:
+    desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
+    desired["router"] = spec.router.replicas
+    return [
+        RoleStatus(
+            name=role,
+            replicas=sum(_role_of(s, role).pods for s in states),
+            ready_replicas=sum(_role_of(s, role).ready for s in states),
+            updated_replicas=sum(_role_of(s, role).ready for s in states if s.revision == update),
+            desired_replicas=desired[role],
+        )
+        for role in v.ROLES
+    ]
+
+
+def phase(state: RevisionState) -> Literal["Starting", "Serving", "Draining", "Retired"]:
+    if state.serving:
+        return "Serving"
+    if state.draining:
+        return "Draining"
+    if state.routed or state.prefill.replicas or state.decode.replicas:
+        return "Starting"
+    return "Retired"
+
+
+def revision_table(states: Sequence[RevisionState]) -> list[RevisionStatus]:
+    return [
+        RevisionStatus(
+            revision=s.revision,
+            phase=phase(s),
+            prefill=f"{s.prefill.ready}/{s.prefill.replicas}",
+            decode=f"{s.decode.ready}/{s.decode.replicas}",
+            routers=s.router.ready,
+        )
+        for s in states
+    ]
+
+
+# ---- the whole status -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What the status is computed from besides the spec."""
+
+    states: Sequence[RevisionState]
+    step: Step
+    failures: Sequence[PodIssue]
+    waiting: Sequence[PodIssue]
+
+
+def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
+    """The most established serving revision; while none serves, the last one that did, if it
+    still has workloads."""
+    serving = [s for s in states if s.serving]
+    if serving:
+        return serving[0].revision
+    if any(s.revision == old.current_revision for s in states):
+        return old.current_revision
+    return None
+
+
+def build(
+    spec: PDDeploymentSpec,
+    generation: int | None,
+    old: PDDeploymentStatus,
+    agreement: Agreement,
+    target: Target,
+    policy: Policy,
+    seen: Observations,
+    now: str,
+) -> tuple[PDDeploymentStatus, list[Transition]]:
+    """The status for this reconcile and the conditions that flipped."""
+    update = target.revision or old.update_revision
+    current = current_revision(seen.states, old)
+    updates = [
+        config_compatible(agreement),
+        available(seen.states, target, policy),
+        progressing(agreement, seen.step, seen.states, target, seen.waiting, current),
+        degraded(seen.failures),
+    ]
+    conditions, transitions = set_conditions(old.conditions, updates, generation, now)
+    roles = role_counts(seen.states, spec, update)
+    status = PDDeploymentStatus(
+        observed_generation=generation,
+        lookahead=Lookahead(
+            prefill=agreement.prefill_lookahead,
+            decode=agreement.decode_lookahead,
+            prefill_backoff=agreement.prefill_backoff,
+        ),
+        current_revision=current,
+        update_revision=update,
+        prefill=f"{roles[0].ready_replicas}/{spec.prefill.replicas}",
+        decode=f"{roles[1].ready_replicas}/{spec.decode.replicas}",
+        roles=roles,
+        revisions=revision_table(seen.states),
+        conditions=conditions,
+    )
+    return status, transitions
+
+
+def unusable(
+    old: PDDeploymentStatus, generation: int | None, message: str, now: str
+) -> tuple[PDDeploymentStatus, list[Transition]]:
+    """A spec that does not parse: say so, and leave the rest of the status as it was."""
+    update = ConditionUpdate(reasons.CONFIG_COMPATIBLE, "False", reasons.INVALID_SPEC, message)
+    conditions, transitions = set_conditions(old.conditions, [update], generation, now)
+    status = old.model_copy(update={"observed_generation": generation, "conditions": conditions})
+    return status, transitions
