@@ -91,8 +91,16 @@ test-engine: ## Engine tier: the fixed connector and launcher against real vLLM 
 test-cluster: venv cluster-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
 	$(PY) -m pytest tests/cluster -q -m cluster
 
+.PHONY: images
+images: ## Build the operator, router and engine images with podman on local bases (cached)
+	python3 hack/build_images.py build
+
+.PHONY: test-images
+test-images: venv images cluster-bins ## Images tier: each image run as its pod would, podman, no registry
+	$(PY) -m pytest tests/images -q -p no:cacheprovider
+
 .PHONY: test
-test: lint test-unit test-router test-cluster test-engine ## Every tier CI runs
+test: lint test-unit test-router test-cluster test-engine test-images ## Every tier CI runs
 
 .PHONY: kind-e2e
 kind-e2e: venv ## Opt-in e2e on kind (needs Docker, kind v0.33): images, KWOK, deploy/, cluster tier
