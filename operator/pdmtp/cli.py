@@ -39,9 +39,15 @@ class UnusableInput(Exception):
 def load_documents(path: str) -> list[Any]:
     """The YAML documents of a file ('-' is standard input)."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
         raise UnusableInput(f"{path}: cannot read: {e.strerror}") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UnusableInput(f"{path}: not UTF-8 text (byte {e.start}): not a YAML file") from e
+    if "\x00" in text:
+        raise UnusableInput(f"{path}: contains NUL bytes: not a YAML file")
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:
@@ -105,7 +111,7 @@ class FileVerdict:
     def as_text(self) -> str:
         a = self.agreement
         if a is None:
-            return f"{self.source}: unusable: " + "; ".join(p.message for p in self.problems)
+            return "; ".join(p.message for p in self.problems)  # each names its source
         look = f"lookahead prefill={a.prefill_lookahead} decode={a.decode_lookahead}"
         head = f"{self.source}: {'compatible' if a.compatible else 'incompatible'} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"

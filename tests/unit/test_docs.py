@@ -10,7 +10,7 @@ import pytest
 from pdmtp.api import reasons
 from pdmtp.api.crd import PRINTER_COLUMNS, openapi_schema
 from pdmtp.api.docs import field_reference, type_name
-from pdmtp.api.v1alpha1 import CEL_KEY
+from pdmtp.api.rules import CEL_KEY
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
 

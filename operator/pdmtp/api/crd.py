@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import CEL_KEY, MAX_NAME_LENGTH, PDDeployment
+from pdmtp.api.rules import CEL_KEY
+from pdmtp.api.v1alpha1 import METADATA_NAME, PDDeployment
 
 JsonSchema = dict[str, Any]
 
@@ -93,6 +94,11 @@ def _structural(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
         elif sorted(o.get("type", "") for o in options) == ["integer", "string"]:
             out = _structural(rest, defs)
             out["x-kubernetes-int-or-string"] = True
+            # A string branch's maxLength (it keeps CEL's cost estimate finite) moves up: the
+            # branches of int-or-string must stay bare, and maxLength applies to strings only.
+            for option in options:
+                if "maxLength" in option:
+                    out["maxLength"] = option["maxLength"]
         else:
             raise ValueError(f"cannot express anyOf {options} structurally")
         if nullable:
@@ -156,15 +162,7 @@ def openapi_schema() -> JsonSchema:
     schema["properties"]["kind"] = {"type": "string"}
     schema.pop("description", None)
     schema["required"] = ["spec"]
-    schema[CEL_KEY] = [
-        {
-            "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-            "message": (
-                f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child objects "
-                "append the revision and role and must stay valid DNS labels"
-            ),
-        }
-    ]
+    schema[CEL_KEY] = [METADATA_NAME.cel_entry(subject="self.metadata.name")]
     _list_maps(schema)
     return schema
 

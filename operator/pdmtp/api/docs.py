@@ -19,7 +19,7 @@ from typing import Any
 
 from pdmtp.api import reasons
 from pdmtp.api.crd import crd
-from pdmtp.api.v1alpha1 import CEL_KEY
+from pdmtp.api.rules import CEL_KEY
 
 JsonSchema = dict[str, Any]
 

@@ -1,8 +1,9 @@
 """The PDDeployment API (pdmtp.io/v1alpha1) as pydantic models: the one source of the CRD schema.
 
 Every field carries a description (it becomes the CRD's and the field reference's text). CEL rules
-that the API server enforces at admission are attached with `cel(...)`; the operator re-checks the
-same facts in `pdmtp.core.agreement`, so offline validation and admission agree. The status models
+that the API server enforces at admission are declared once as `Rule`s (`pdmtp.api.rules`) and
+checked here too, or by the agreement (`pdmtp.core.agreement`) where a rule is a cross-role
+finding, so offline validation and admission agree. The status models
 are what the operator writes (`pdmtp.core.status` builds them), so schema and writer cannot drift.
 
 Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
@@ -10,16 +11,18 @@ Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from pdmtp.api import reasons
+from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.api.methods import SPECULATIVE_METHODS
+from pdmtp.api.rules import Checked, Rule, model_rules
 
-CEL_KEY = "x-kubernetes-validations"
 MAX_NAME_LENGTH = 40
 """Child names add up to 23 characters (`-<revision>-prefill`); Services must fit 63."""
 
@@ -33,13 +36,10 @@ def defaulted(model: type[BaseModel]) -> dict[str, Any]:
     return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}
 
 
-def cel(*rules: tuple[str, str]) -> dict[str, Any]:
-    """A json_schema_extra carrying CEL rules as (rule, message) pairs."""
-    return {CEL_KEY: [{"rule": rule, "message": message} for rule, message in rules]}
-
-
 class _Model(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected, defaults validated."""
+    """Base: camelCase on the wire, unknown fields rejected, no type coercion (the API server
+    refuses "3" for an integer, so the model does too), defaults validated. `RULES` are the
+    object-level rules, checked here and rendered as CEL (`model_rules`)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -47,7 +47,14 @@ class _Model(BaseModel):
         extra="forbid",
         validate_default=True,
         frozen=True,
+        strict=True,
     )
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _check_rules(self) -> Any:
+        r.check_model(self, type(self).RULES)
+        return self
 
 
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -64,16 +71,34 @@ OWNED_ENV = (
 _OWNED_FLAG_LIST = ", ".join(sorted({f for f in OWNED_FLAGS if f.startswith("--")}))
 
 
-def _extra_args_rule(what: str) -> tuple[str, str]:
-    return (
+def _extra_args_rule(what: str) -> Rule:
+    return Rule(
         f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
         f"{what} must not set flags owned by typed fields ({_OWNED_FLAG_LIST} and their short "
         "forms): set spec.model, spec.engine, spec.speculative, spec.kvTransfer or the role's "
         "tensorParallelSize/pipelineParallelSize instead",
+        finding=reasons.OWNED_FLAG_IN_EXTRA_ARGS,
     )
 
 
 ExtraArgs = list[Annotated[str, Field(max_length=1024)]]
+
+EngineImage = Annotated[
+    str, Field(min_length=1, max_length=512), Checked(r.image_rule("spec.image"))
+]
+RouterImage = Annotated[
+    str, Field(min_length=1, max_length=512), Checked(r.image_rule("spec.router.image"))
+]
+
+ENGINE_EXTRA_ARGS_RULE = _extra_args_rule("spec.engine.extraArgs")
+ROLE_EXTRA_ARGS_RULE = _extra_args_rule("a role's extraArgs")
+METADATA_NAME = r.name_rule(
+    "metadata.name",
+    r.DNS_1035_LABEL,
+    "a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): the client "
+    "Service takes this name",
+    MAX_NAME_LENGTH,
+)
 
 
 class ModelSpec(_Model):
@@ -157,7 +182,7 @@ class EngineSpec(_Model):
             "Extra `vllm serve` arguments for both roles, one token per item; part of the compat "
             "revision. Flags owned by typed fields are rejected."
         ),
-        json_schema_extra=cel(_extra_args_rule("spec.engine.extraArgs")),
+        json_schema_extra=model_rules(ENGINE_EXTRA_ARGS_RULE),
     )
 
 
@@ -185,18 +210,19 @@ class SpeculativeSpec(_Model):
     )
 
 
+RDMA_DEVICES_RULE = Rule(
+    "self.protocol != 'rdma' || size(self.deviceNames) > 0",
+    "spec.kvTransfer.deviceNames must list the RDMA devices (e.g. [mlx5_0]) when "
+    "spec.kvTransfer.protocol is rdma; use protocol tcp for clusters without RDMA",
+    finding=reasons.RDMA_DEVICES_MISSING,
+)
+
+
 class KVTransferSpec(_Model):
     """The Mooncake KV transfer between prefill and decode."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel(
-            (
-                "self.protocol != 'rdma' || size(self.deviceNames) > 0",
-                "spec.kvTransfer.deviceNames must list the RDMA devices (e.g. [mlx5_0]) when "
-                "spec.kvTransfer.protocol is rdma; use protocol tcp for clusters without RDMA",
-            )
-        )
-    )
+    RULES = (RDMA_DEVICES_RULE,)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     protocol: Literal["rdma", "tcp"] = Field(
         default="tcp",
@@ -245,17 +271,31 @@ class EnvVar(_Model):
     value: str = Field(default="", max_length=32768, description="Variable value.")
 
 
+QuantityValue = int | Annotated[str, Field(max_length=64)]
+
+
+def _resource_map(path: str) -> Checked:
+    return Checked(
+        r.keys_rule(
+            path, r.QUALIFIED_NAME, "resource names such as cpu, memory or example.com/foo"
+        ),
+        r.quantities_rule(path),
+    )
+
+
 class ResourceRequirements(_Model):
     """Compute resources for the engine container. GPUs are added from the parallel sizes."""
 
-    requests: dict[str, int | str] = Field(
+    requests: Annotated[dict[str, QuantityValue], _resource_map("resources.requests")] = Field(
         default_factory=dict,
+        max_length=12,
         description=(
             "Minimum resources (cpu, memory, ...); `nvidia.com/gpu` is set by the operator."
         ),
     )
-    limits: dict[str, int | str] = Field(
+    limits: Annotated[dict[str, QuantityValue], _resource_map("resources.limits")] = Field(
         default_factory=dict,
+        max_length=12,
         description="Maximum resources. `nvidia.com/gpu` is set by the operator.",
     )
 
@@ -263,15 +303,51 @@ class ResourceRequirements(_Model):
 class Toleration(_Model):
     """A pod toleration (the core/v1 Toleration fields)."""
 
-    key: str | None = Field(default=None, description="Taint key the toleration applies to.")
+    RULES = (
+        Rule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || "
+            "self.value == ''",
+            "a toleration with operator Exists matches any value: leave value empty",
+            lambda t: t.operator != "Exists" or not t.value,
+        ),
+        Rule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds applies only to effect NoExecute",
+            lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+        ),
+    )
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
+    key: (
+        Annotated[
+            str,
+            Field(max_length=316),
+            Checked(r.name_rule("a toleration key", r.QUALIFIED_NAME, "a label key", 316)),
+        ]
+        | None
+    ) = Field(default=None, description="Taint key the toleration applies to.")
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Key operator.")
-    value: str | None = Field(default=None, description="Taint value the toleration matches.")
+    value: (
+        Annotated[
+            str,
+            Field(max_length=63),
+            Checked(r.name_rule("a toleration value", r.LABEL_VALUE, "a label value", 63)),
+        ]
+        | None
+    ) = Field(default=None, description="Taint value the toleration matches.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; empty matches all effects."
     )
     toleration_seconds: int | None = Field(
         default=None, description="How long a NoExecute taint is tolerated."
     )
+
+
+OWNED_ENV_RULE = Rule(
+    "self.all(e, !(e.name in " + str(list(OWNED_ENV)).replace('"', "'") + "))",
+    "env must not set " + ", ".join(OWNED_ENV) + ": the operator owns them",
+    lambda env: all(e.name not in OWNED_ENV for e in env),
+)
 
 
 class RoleSpec(_Model):
@@ -309,30 +385,33 @@ class RoleSpec(_Model):
             "Extra `vllm serve` arguments for this role only; a change rolls this role alone. "
             "Flags owned by typed fields are rejected."
         ),
-        json_schema_extra=cel(_extra_args_rule("a role's extraArgs")),
+        json_schema_extra=model_rules(ROLE_EXTRA_ARGS_RULE),
     )
     speculative: RoleSpeculativeSpec | None = Field(
         default=None, description="Override of spec.speculative for this role."
     )
-    env: list[EnvVar] = Field(
+    env: Annotated[list[EnvVar], Checked(OWNED_ENV_RULE)] = Field(
         default_factory=list,
         max_length=64,
         description="Extra environment for the engine container.",
-        json_schema_extra=cel(
-            (
-                "self.all(e, !(e.name in " + str(list(OWNED_ENV)).replace('"', "'") + "))",
-                "env must not set " + ", ".join(OWNED_ENV) + ": the operator owns them",
-            )
-        ),
     )
-    node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the role's pods must match."
+    node_selector: Annotated[
+        dict[str, Annotated[str, Field(max_length=63)]],
+        Checked(
+            r.keys_rule("nodeSelector", r.QUALIFIED_NAME, "label keys"),
+            r.label_values_rule("nodeSelector"),
+        ),
+    ] = Field(
+        default_factory=dict, max_length=32, description="Node labels the role's pods must match."
     )
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=32, description="Tolerations for the role's pods."
     )
-    pod_annotations: dict[str, str] = Field(
-        default_factory=dict, description="Extra annotations on the role's pods."
+    pod_annotations: Annotated[
+        dict[str, str],
+        Checked(r.keys_rule("podAnnotations", r.QUALIFIED_NAME, "annotation keys")),
+    ] = Field(
+        default_factory=dict, max_length=64, description="Extra annotations on the role's pods."
     )
 
 
@@ -343,10 +422,8 @@ class RouterSpec(_Model):
     policy: Literal[v.ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
         default="round_robin", description="Load-balancing policy of vllm-router (`--policy`)."
     )
-    image: str = Field(
+    image: RouterImage = Field(
         default=v.DEFAULT_ROUTER_IMAGE,
-        min_length=1,
-        max_length=512,
         description="Router image (images/router), vllm-router pinned.",
     )
 
@@ -354,15 +431,15 @@ class RouterSpec(_Model):
 class RolloutSpec(_Model):
     """How a paired (both roles) or role-local rollout proceeds."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel(
-            (
-                "self.maxSurge > 0 || self.maxUnavailable > 0",
-                "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: a "
-                "rollout could never make progress; set maxSurge: 1",
-            )
-        )
+    RULES = (
+        Rule(
+            "self.maxSurge > 0 || self.maxUnavailable > 0",
+            "spec.rollout.maxSurge and spec.rollout.maxUnavailable cannot both be 0: a "
+            "rollout could never make progress; set maxSurge: 1",
+            lambda rollout: rollout.max_surge > 0 or rollout.max_unavailable > 0,
+        ),
     )
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     max_surge: int = Field(
         default=1, ge=0, le=1000, description="Pods per role allowed above replicas during a roll."
@@ -381,36 +458,38 @@ class RolloutSpec(_Model):
     )
 
 
+TP_DIVISIBLE_RULE = Rule(
+    "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
+    "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
+    "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide "
+    "one another (e.g. 8 and 4): Mooncake maps KV heads only between such sizes",
+    finding=reasons.TENSOR_PARALLEL_INDIVISIBLE,
+)
+MAX_MODEL_LEN_RULE = Rule(
+    "!has(self.prefill.maxModelLen) || !has(self.decode.maxModelLen) || "
+    "self.decode.maxModelLen >= self.prefill.maxModelLen",
+    "spec.decode.maxModelLen must be >= spec.prefill.maxModelLen: the decode "
+    "continues every prompt the prefill accepted",
+    finding=reasons.MAX_MODEL_LEN_MISMATCH,
+)
+SPECULATIVE_OVERRIDE_RULE = Rule(
+    "has(self.speculative) || (!has(self.prefill.speculative) && !has(self.decode.speculative))",
+    "spec.prefill.speculative and spec.decode.speculative override spec.speculative: "
+    "set spec.speculative (method and numSpeculativeTokens) first",
+    finding=reasons.SPECULATIVE_OVERRIDE_WITHOUT_METHOD,
+)
+
+
 class PDDeploymentSpec(_Model):
     """Desired state of a prefill/decode deployment."""
 
-    model_config = ConfigDict(
-        json_schema_extra=cel(
-            (
-                "self.prefill.tensorParallelSize % self.decode.tensorParallelSize == 0 || "
-                "self.decode.tensorParallelSize % self.prefill.tensorParallelSize == 0",
-                "spec.prefill.tensorParallelSize and spec.decode.tensorParallelSize must divide "
-                "one another (e.g. 8 and 4): Mooncake maps KV heads only between such sizes",
-            ),
-            (
-                "!has(self.prefill.maxModelLen) || !has(self.decode.maxModelLen) || "
-                "self.decode.maxModelLen >= self.prefill.maxModelLen",
-                "spec.decode.maxModelLen must be >= spec.prefill.maxModelLen: the decode "
-                "continues every prompt the prefill accepted",
-            ),
-            (
-                "has(self.speculative) || "
-                "(!has(self.prefill.speculative) && !has(self.decode.speculative))",
-                "spec.prefill.speculative and spec.decode.speculative override spec.speculative: "
-                "set spec.speculative (method and numSpeculativeTokens) first",
-            ),
-        )
-    )
+    # Cross-role rules: CEL refuses them at admission; in Python they are the agreement's
+    # findings, reported with their own reason (pdmtp.core.agreement).
+    RULES = (TP_DIVISIBLE_RULE, MAX_MODEL_LEN_RULE, SPECULATIVE_OVERRIDE_RULE)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     model: ModelSpec = Field(description="The checkpoint both roles serve.")
-    image: str = Field(
-        min_length=1,
-        max_length=512,
+    image: EngineImage = Field(
         description="Engine image (images/engine: pinned vLLM + the backoff-fixed connector).",
     )
     engine: EngineSpec = Field(
@@ -521,8 +600,12 @@ class ObjectMeta(_Model):
 
     model_config = ConfigDict(extra="allow")
 
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Object name.")
-    namespace: str | None = Field(default=None, description="Namespace.")
+    # The rule bounds the length too, so it alone speaks about a bad name.
+    name: Annotated[str, Checked(METADATA_NAME)] = Field(description="Object name.")
+    namespace: (
+        Annotated[str, Checked(r.name_rule("metadata.namespace", r.DNS_LABEL, "a DNS label", 63))]
+        | None
+    ) = Field(default=None, description="Namespace.")
     uid: str | None = Field(default=None, description="Object uid.")
     generation: int | None = Field(default=None, description="Spec generation.")
 

@@ -13,7 +13,16 @@ from dataclasses import dataclass
 from pdmtp.api import reasons
 from pdmtp.api.flags import OWNED_FLAGS, owned_flags_in
 from pdmtp.api.methods import DRAFT_MODEL_METHODS
-from pdmtp.api.v1alpha1 import PDDeploymentSpec, RoleSpec
+from pdmtp.api.v1alpha1 import (
+    ENGINE_EXTRA_ARGS_RULE,
+    MAX_MODEL_LEN_RULE,
+    RDMA_DEVICES_RULE,
+    ROLE_EXTRA_ARGS_RULE,
+    SPECULATIVE_OVERRIDE_RULE,
+    TP_DIVISIBLE_RULE,
+    PDDeploymentSpec,
+    RoleSpec,
+)
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
 from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_lookahead
 
@@ -108,9 +117,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
         findings.append(
             Finding(
                 reasons.TENSOR_PARALLEL_INDIVISIBLE,
-                f"spec.prefill.tensorParallelSize ({tp_p}) and spec.decode.tensorParallelSize "
-                f"({tp_d}) must divide one another: Mooncake maps KV heads only between such "
-                "sizes (e.g. 8 and 4)",
+                f"{TP_DIVISIBLE_RULE.message} (prefill {tp_p}, decode {tp_d})",
             )
         )
     len_p, len_d = role_max_model_len(spec, spec.prefill), role_max_model_len(spec, spec.decode)
@@ -118,8 +125,8 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
         findings.append(
             Finding(
                 reasons.MAX_MODEL_LEN_MISMATCH,
-                f"the decode's maxModelLen ({len_d}) is below the prefill's ({len_p}): the decode "
-                "must continue every prompt the prefill accepts; raise spec.decode.maxModelLen",
+                f"{MAX_MODEL_LEN_RULE.message} (decode {len_d}, prefill {len_p}, "
+                "spec.engine.maxModelLen included)",
             )
         )
     if spec.speculative is None:
@@ -128,8 +135,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
                 findings.append(
                     Finding(
                         reasons.SPECULATIVE_OVERRIDE_WITHOUT_METHOD,
-                        f"spec.{name}.speculative overrides spec.speculative, which is not set: "
-                        "set spec.speculative (method and numSpeculativeTokens) first",
+                        f"{SPECULATIVE_OVERRIDE_RULE.message} (spec.{name}.speculative is set)",
                     )
                 )
     elif spec.speculative.method in DRAFT_MODEL_METHODS and spec.speculative.draft_model is None:
@@ -161,8 +167,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
         findings.append(
             Finding(
                 reasons.RDMA_DEVICES_MISSING,
-                "spec.kvTransfer.deviceNames must list the RDMA devices (e.g. [mlx5_0]) when "
-                "spec.kvTransfer.protocol is rdma; use protocol tcp for clusters without RDMA",
+                RDMA_DEVICES_RULE.message,
             )
         )
     return findings
@@ -170,18 +175,16 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
 
 def _flag_findings(spec: PDDeploymentSpec) -> list[Finding]:
     findings: list[Finding] = []
-    sources = {"spec.engine.extraArgs": spec.engine.extra_args}
-    sources.update({f"spec.{r}.extraArgs": spec.role(r).extra_args for r in ENGINE_ROLES})
-    for path, args in sources.items():
+    sources = [("spec.engine.extraArgs", spec.engine.extra_args, ENGINE_EXTRA_ARGS_RULE)]
+    sources += [
+        (f"spec.{r}.extraArgs", spec.role(r).extra_args, ROLE_EXTRA_ARGS_RULE) for r in ENGINE_ROLES
+    ]
+    for path, args, rule in sources:
         flags = owned_flags_in(args)
         if flags:
             owners = ", ".join(f"{flag} (set by {OWNED_FLAGS[flag]})" for flag in flags)
             findings.append(
-                Finding(
-                    reasons.OWNED_FLAG_IN_EXTRA_ARGS,
-                    f"{path} sets flags owned by typed fields: {owners}; remove them and set "
-                    "the typed fields instead",
-                )
+                Finding(reasons.OWNED_FLAG_IN_EXTRA_ARGS, f"{rule.message}; {path} sets {owners}")
             )
     return findings
 
