@@ -13,7 +13,7 @@ image carries. The published Dockerfiles keep their upstream defaults.
 Caching: every image carries the label io.pdmtp.inputs, a hash of what it is built from (its
 Dockerfile, the files its context copies, its build args, and its base's hash). An image whose
 label matches is not rebuilt, so a warm run only hashes files; a pin or source change rebuilds
-that image and what is built on it. The replaced image and its build-cache parents are removed.
+that image and what is built on it. Replaced images and stale build cache are removed.
 
 Builds use the host network (PyPI and the Debian mirror; nothing listens) and, when the host has
 one, its CA bundle bind-mounted read-only over the image's, so a TLS-intercepting egress proxy
@@ -242,31 +242,47 @@ def inspect(name: str, env: Mapping[str, str]) -> dict[str, Any] | None:
     return dict(info)
 
 
-def _parent_chain(image_id: str, env: Mapping[str, str]) -> list[str]:
-    """The untagged build-cache images a build left under `image_id`, nearest first."""
-    chain: list[str] = []
-    info = inspect(image_id, env)
-    while info is not None and info.get("Parent"):
-        parent = inspect(str(info["Parent"]), env)
-        if parent is None or parent.get("RepoTags"):
-            break
-        chain.append(str(parent["Id"]))
-        info = parent
-    return chain
+def prune_stale_build_cache(current: set[str], env: Mapping[str, str]) -> int:
+    """Remove what earlier builds of these images left behind; returns how many images went.
 
-
-def _remove_replaced(old_id: str, env: Mapping[str, str]) -> None:
-    """Free the image a rebuild replaced: it and its untagged build-cache parents.
-
-    podman refuses to remove an image another image or a container still uses; that is the
-    point where removal stops, so nothing anybody uses is removed.
+    Every image and build-cache image these builds make carries INPUTS_LABEL (set by the build,
+    or inherited from a local base). A replaced image, or a build step nothing is built on any
+    more, is dangling: untagged and nobody's parent. Those whose label is not a current input
+    hash are removed, repeatedly, since removing one can leave its parent dangling. Cache that a
+    current image rests on is never dangling, and podman refuses to remove an image a container
+    uses, so nothing in use goes.
     """
-    for image_id in [old_id, *_parent_chain(old_id, env)]:
-        removed = subprocess.run(
-            ["podman", "rmi", image_id], capture_output=True, text=True, env=env
-        )
-        if removed.returncode != 0:
-            break
+    removed = 0
+    refused: set[str] = set()
+    while True:
+        listed = subprocess.run(
+            [
+                "podman",
+                "images",
+                "--all",
+                "--filter=dangling=true",
+                f"--filter=label={INPUTS_LABEL}",
+                "--format=json",
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
+        stale = [
+            str(image["Id"])
+            for image in json.loads(listed or "[]")
+            if (image.get("Labels") or {}).get(INPUTS_LABEL) not in current
+            and image["Id"] not in refused
+        ]
+        if not stale:
+            return removed
+        for image_id in stale:
+            done = subprocess.run(["podman", "rmi", image_id], capture_output=True, env=env)
+            if done.returncode == 0:
+                removed += 1
+            else:
+                refused.add(image_id)
 
 
 def _graph_root(env: Mapping[str, str]) -> Path:
@@ -382,10 +398,12 @@ def build(keys: Iterable[str], *, force: bool = False) -> dict[str, str]:
             built = inspect(spec.name, env)
             if built is None or built.get("Labels", {}).get(INPUTS_LABEL) != label:
                 raise BuildError(f"{spec.name} is missing or unlabelled after its build")
-            if current is not None and current["Id"] != built["Id"]:
-                _remove_replaced(str(current["Id"]), env)
             results[key] = f"built in {elapsed:.0f}s"
             print(f"images: {spec.name} built in {elapsed:.0f}s", file=sys.stderr)
+        if any(result != "up to date" for result in results.values()):
+            current_hashes = {input_hash(spec, all_specs) for spec in all_specs.values()}
+            pruned = prune_stale_build_cache(current_hashes, env)
+            print(f"images: removed {pruned} replaced or stale build-cache images", file=sys.stderr)
     return results
 
 
