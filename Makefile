@@ -91,6 +91,11 @@ test-engine: ## Engine tier: the fixed connector and launcher against real vLLM 
 test-cluster: venv cluster-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
 	$(PY) -m pytest tests/cluster -q -m cluster
 
+.PHONY: bench-scale
+bench-scale: venv cluster-bins ## Benchmark: 500 PDDeployments (1,500 pods) vs plain Deployments
+	PDMTP_SCALE_COUNT=$${PDMTP_SCALE_COUNT:-500} PDMTP_SCALE_RESULT=$${PDMTP_SCALE_RESULT:-scale-result.json} \
+	$(PY) -m pytest tests/cluster/test_scale.py -q -s -p no:cacheprovider
+
 .PHONY: images
 images: ## Build the operator, router and engine images with podman on local bases (cached)
 	python3 hack/build_images.py build

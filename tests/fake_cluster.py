@@ -38,7 +38,13 @@ class FakeCluster:
         return decision
 
     def apply(self, decision: Decision) -> None:
+        self.apply_some(decision)
+
+    def apply_some(self, decision: Decision, refused: set[str] | None = None) -> None:
+        """Apply the decision's actions except those whose key is in `refused`."""
         for action in decision.actions:
+            if action.key in (refused or set()):
+                continue
             if isinstance(action, Apply):
                 manifest = copy.deepcopy(action.manifest)
                 old = self.objects.get(action.key)

@@ -1,12 +1,13 @@
 """The kopf shell: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
 
-kopf watches PDDeployments and the Deployments and pods pdmtp manages; every event only puts the
-owning PDDeployment's key on a work queue. Workers take one key at a time (a key is never worked
-on twice at once), list its children, call `pdmtp.core.reconcile.decide`, apply the actions,
-write status once if it changed, and post events after that write. A periodic resync re-queues
-every key, so pod churn is noticed even if an event is lost. Only raw watch events are used
-(`kopf.on.event`): kopf keeps no bookkeeping on the objects, adds no finalizer, and a restart
-rebuilds everything from the initial listing.
+kopf watches PDDeployments; reflectors (`pdmtp.cache`) watch every child kind pdmtp manages into
+an in-memory store. Every event only puts the owning PDDeployment's key on a work queue. Workers
+take one key at a time (a key is never worked on twice at once), read its children from the
+store (no API request), call `pdmtp.core.reconcile.decide`, apply the actions (keeping going past
+a refusal), write the status once if it changed, with the refused writes in it, and post the
+events of what was accepted after that write. A periodic resync re-queues every key. Only raw
+watch events are used (`kopf.on.event`): kopf keeps no bookkeeping on the objects, adds no
+finalizer, and a restart rebuilds everything from the initial listings.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 import kopf
 
 from pdmtp.api import vocabulary as v
-from pdmtp.core.actions import Apply, Delete, Event, Scale
-from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.cache import ChildStore, Reflector, child_kinds, wait_synced
+from pdmtp.core.actions import Action, Apply, Delete, Event, Rejection, Scale
+from pdmtp.core.reconcile import Observed, decide
 from pdmtp.core.validation import validate
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
@@ -40,7 +42,12 @@ class Options:
     """Empty: all namespaces."""
     resync_seconds: float = 30.0
     workers: int = 4
-    max_backoff_seconds: float = 60.0
+    max_backoff_seconds: float = 30.0
+    sync_timeout_seconds: float = 120.0
+
+
+class WritesRefused(Exception):
+    """Some of a reconcile's writes were refused; the key is retried with backoff."""
 
 
 class WorkQueue:
@@ -85,8 +92,13 @@ class Controller:
     metrics: Metrics
     queue: WorkQueue = field(default_factory=WorkQueue)
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    """PDDeployments, from kopf's watch."""
+    store: ChildStore = field(default_factory=ChildStore)
+    """Children, from the reflectors' watches."""
     failures: dict[Key, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    reflectors: list[Reflector] = field(default_factory=list)
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -102,21 +114,47 @@ class Controller:
         self.cache[key] = dict(body)
         self.queue.add(key)
 
-    def on_child_event(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata") or {}
-        owner = (meta.get("labels") or {}).get(v.LABEL_NAME)
-        key = (meta.get("namespace", ""), owner or "")
-        if owner and key in self.cache:
+    def on_child_change(self, key: Key) -> None:
+        if key in self.cache:
             self.queue.add(key)
 
     # ---- work side ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def notify(key: Key) -> None:  # called from reflector threads
+            loop.call_soon_threadsafe(self.on_child_change, key)
+
+        scopes: list[str | None] = list(self.options.namespaces) or [None]
+        for kind in child_kinds(self.kube.api):
+            for namespace in scopes:
+                reflector = Reflector(
+                    self.kube.api,
+                    kind,
+                    namespace,
+                    self.store,
+                    notify,
+                    on_request=lambda k, verb: self.metrics.watch_requests.labels(k, verb).inc(),
+                )
+                reflector.start()
+                self.reflectors.append(reflector)
+        self.tasks.append(asyncio.create_task(self._await_sync(), name="pdmtp-sync"))
         for i in range(self.options.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
         self.tasks.append(asyncio.create_task(self._resync(), name="pdmtp-resync"))
 
+    async def _await_sync(self) -> None:
+        # No reconcile before every child kind is listed: an empty store would read as
+        # "nothing exists" and re-create what is there.
+        while not await asyncio.to_thread(wait_synced, self.reflectors, 5.0):
+            log.info("Waiting for the child caches to sync")
+        log.info("Child caches synced: %d objects", self.store.size())
+        self.synced.set()
+
     async def stop(self) -> None:
+        for reflector in self.reflectors:
+            reflector.stop()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -124,10 +162,12 @@ class Controller:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
+            self.metrics.cached_objects.set(self.store.size())
             for key in list(self.cache):
                 self.queue.add(key)
 
     async def _worker(self) -> None:
+        await self.synced.wait()
         while True:
             key = await self.queue.get()
             try:
@@ -148,44 +188,59 @@ class Controller:
             finally:
                 self.queue.done(key)
 
+    def observed(self, body: Mapping[str, Any], namespace: str, name: str) -> Observed:
+        """The PDDeployment and its children as the caches hold them: no API request."""
+        children = self.store.children(namespace, name)
+        others = [
+            o
+            for kind in ("Service", "NetworkPolicy", "ServiceAccount")
+            for o in children.get(kind, [])
+        ]
+        return Observed(body, children.get("Deployment", []), children.get("Pod", []), others)
+
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
-        """Steps: 1 list children, 2 decide (pure), 3 apply every action (keep going past a
-        failure), 4 write status once if it changed, 5 post events. Returns when to look again."""
+        """Steps: 1 read the cached children, 2 decide (pure), 3 apply every action (keep going
+        past a refusal), 4 report: write status once if it changed, 5 post the events of what
+        was accepted. Returns when to look again; raises when a write was refused (backoff)."""
         namespace, name = key
         started = time.monotonic()
-        deployments, pods, others = await asyncio.to_thread(self.kube.children, namespace, name)
-        decision = decide(Observed(body, deployments, pods, others), time.time())
-        errors = await asyncio.to_thread(self._apply, namespace, decision)
-        if decision.status_changed:
+        decision = decide(self.observed(body, namespace, name), time.time())
+        refused = await asyncio.to_thread(self._apply, namespace, decision.actions)
+        report = decision.report(refused)
+        if report.status_changed:
             old = body.get("status") or {}
-            await asyncio.to_thread(self.kube.patch_status, namespace, name, decision.status, old)
+            await asyncio.to_thread(self.kube.patch_status, namespace, name, report.status, old)
             cached = self.cache.get(key)
             if cached is not None:
-                cached["status"] = decision.status  # until the watch brings the server's copy
-        for event in decision.events:
+                cached["status"] = report.status  # until the watch brings the server's copy
+        for event in report.events:
             await asyncio.to_thread(self._post, body, event)
-        self.metrics.observe(namespace, name, decision, time.monotonic() - started)
-        if errors:
-            raise errors[0]
+        self.metrics.observe(namespace, name, decision, report, refused, time.monotonic() - started)
+        if refused:
+            raise WritesRefused("; ".join(f"{r.key}: {r.message}" for r in refused))
         return decision.requeue_after
 
-    def _apply(self, namespace: str, decision: Decision) -> list[ApiError]:
-        errors = []
-        for action in decision.actions:
+    def _apply(self, namespace: str, actions: tuple[Action, ...]) -> list[Rejection]:
+        refused = []
+        for action in actions:
             try:
                 if isinstance(action, Apply):
-                    self.kube.apply(action.manifest)
-                    log.info("Applied %s", action.key, extra={"namespace": namespace})
+                    self.store.put(action.kind, self.kube.apply(action.manifest))
+                    verb = "Updated" if action.exists else "Created"
+                    log.info("%s %s", verb, action.key, extra={"namespace": namespace})
                 elif isinstance(action, Scale):
-                    self.kube.scale(namespace, action.name, action.replicas)
-                    log.info("Scaled Deployment/%s to %d", action.name, action.replicas)
+                    scaled = self.kube.scale(namespace, action.name, action.replicas)
+                    if scaled is not None:
+                        self.store.put("Deployment", scaled)
+                    log.info("Scaled %s to %d", action.key, action.replicas)
                 elif isinstance(action, Delete):
                     self.kube.delete(action.kind, namespace, action.name)
-                    log.info("Deleted %s/%s", action.kind, action.name)
+                    self.store.drop(action.kind, namespace, action.name)
+                    log.info("Deleted %s", action.key)
             except ApiError as e:
-                log.warning("Could not apply %s: %s", action, e)
-                errors.append(e)
-        return errors
+                log.warning("The API server refused %s: %s", action.key, e.message)
+                refused.append(Rejection(action.key, e.status, e.message))
+        return refused
 
     def _post(self, body: Mapping[str, Any], event: Event) -> None:
         try:
@@ -216,7 +271,6 @@ def build_registry(
 ) -> kopf.OperatorRegistry:
     """kopf handlers of the operator, in a registry of their own (no module-level state)."""
     registry = kopf.OperatorRegistry()
-    managed = {v.LABEL_MANAGED_BY: v.MANAGED_BY}
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -246,14 +300,6 @@ def build_registry(
     @kopf.on.event(v.GROUP, v.VERSION, v.PLURAL, registry=registry)
     def pdd_event(event: kopf.RawEvent, **_: Any) -> None:
         controller.on_pdd_event(event)
-
-    @kopf.on.event("apps", "v1", "deployments", labels=managed, registry=registry)
-    def deployment_event(body: kopf.Body, **_: Any) -> None:
-        controller.on_child_event(body)
-
-    @kopf.on.event("", "v1", "pods", labels=managed, registry=registry)
-    def pod_event(body: kopf.Body, **_: Any) -> None:
-        controller.on_child_event(body)
 
     if webhook is not None:
         # failurePolicy Ignore: an operator that is down must not block every apply; the CRD's

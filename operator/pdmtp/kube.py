@@ -1,6 +1,7 @@
-"""The one adapter over the Kubernetes API: list a PDDeployment's children, apply, scale, delete,
-patch status. Raw JSON in and out (the core reads plain camelCase dicts), retries on conflicts,
-throttling and server errors; AlreadyExists and NotFound are not errors where they mean "done".
+"""The one adapter over the Kubernetes API for the reconciler's writes: apply, scale, delete,
+patch status, post events. Raw JSON in and out (the core reads plain camelCase dicts), retries on
+conflicts, throttling and server errors; NotFound is not an error where it means "done". Reads come
+from the watch-fed cache (`pdmtp.cache`), not from here.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
     v.KIND: (f"/apis/{v.API_VERSION}", v.PLURAL),
 }
-SHARED_KINDS = ("Service", "NetworkPolicy", "ServiceAccount")
 
 
 class ApiError(Exception):
@@ -41,6 +41,15 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.body = body
+
+    @property
+    def message(self) -> str:
+        """The API server's own message (a Status object's `message`), else the raw body."""
+        try:
+            text = json.loads(self.body).get("message")
+        except (ValueError, AttributeError):
+            text = None
+        return str(text or self.body or self.reason)[:1000]
 
 
 def load_client(kubeconfig: str | None = None) -> client.ApiClient:
@@ -120,27 +129,6 @@ class Kube:
                 time.sleep(delay)
         raise AssertionError("unreachable")
 
-    # ---- reads ----------------------------------------------------------------------------
-
-    def list_objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
-        result = self._request(
-            "GET", path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
-        )
-        items: list[dict[str, Any]] = result.get("items") or []
-        for item in items:
-            item.setdefault("kind", kind)
-        return items
-
-    def children(
-        self, namespace: str, name: str
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        """Deployments, pods and shared children carrying `pdmtp.io/name=<name>`."""
-        selector = f"{v.LABEL_NAME}={name}"
-        deployments = self.list_objects("Deployment", namespace, selector)
-        pods = self.list_objects("Pod", namespace, selector)
-        others = [o for kind in SHARED_KINDS for o in self.list_objects(kind, namespace, selector)]
-        return deployments, pods, others
-
     # ---- writes ---------------------------------------------------------------------------
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
@@ -154,9 +142,10 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def scale(self, namespace: str, name: str, replicas: int) -> None:
+    def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any] | None:
+        """The scaled Deployment, or None when it is gone."""
         try:
-            self._request(
+            return self._request(
                 "PATCH",
                 path("Deployment", namespace, name),
                 body={"spec": {"replicas": replicas}},
@@ -165,6 +154,7 @@ class Kube:
         except ApiError as e:
             if e.status != 404:
                 raise
+            return None
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         try:

@@ -11,7 +11,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pdmtp.api import vocabulary as v
 
 if TYPE_CHECKING:
-    from pdmtp.core.reconcile import Decision
+    from collections.abc import Sequence
+
+    from pdmtp.core.actions import Rejection
+    from pdmtp.core.reconcile import Decision, Report
 
 LABELS = ("namespace", "name")
 
@@ -34,12 +37,29 @@ class Metrics:
             "pdmtp_reconcile_duration_seconds",
             "Time to observe, decide, apply and report.",
             registry=self.registry,
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.api_requests = Counter(
             "pdmtp_api_requests_total",
-            "Kubernetes API requests of the reconciler, by verb.",
+            "Kubernetes API requests of the reconciler, by verb (reads come from the caches).",
             ("verb",),
+            registry=self.registry,
+        )
+        self.watch_requests = Counter(
+            "pdmtp_watch_requests_total",
+            "LIST and WATCH requests of the child caches' reflectors, by kind.",
+            ("kind", "verb"),
+            registry=self.registry,
+        )
+        self.cached_objects = Gauge(
+            "pdmtp_cached_objects",
+            "Child objects held by the watch-fed caches.",
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "pdmtp_child_writes_refused_total",
+            "Child writes the API server refused.",
+            LABELS,
             registry=self.registry,
         )
         self.writes = Counter(
@@ -82,18 +102,30 @@ class Metrics:
     def serve(self, port: int, address: str) -> None:
         start_http_server(port, addr=address, registry=self.registry)
 
-    def observe(self, namespace: str, name: str, decision: Decision, seconds: float) -> None:
+    def observe(
+        self,
+        namespace: str,
+        name: str,
+        decision: Decision,
+        report: Report,
+        refused: Sequence[Rejection],
+        seconds: float,
+    ) -> None:
         self.reconciles.labels(namespace, name).inc()
         self.duration.observe(seconds)
+        failed = {r.key for r in refused}
         for action in decision.actions:
-            self.writes.labels(namespace, name, type(action).__name__.lower()).inc()
+            if action.key not in failed:
+                self.writes.labels(namespace, name, type(action).__name__.lower()).inc()
+        if refused:
+            self.refused.labels(namespace, name).inc(len(refused))
         agreement = decision.agreement
         if agreement is not None:
             self.compatible.labels(namespace, name).set(1 if agreement.compatible else 0)
             for finding in agreement.findings:
                 self.validation_failures.labels(namespace, name, finding.reason).inc()
-        roles = {r["name"]: r for r in decision.status.get("roles", [])}
-        self.revisions.labels(namespace, name).set(len(decision.status.get("revisions", [])))
+        roles = {r["name"]: r for r in report.status.get("roles", [])}
+        self.revisions.labels(namespace, name).set(len(report.status.get("revisions", [])))
         desired = sum(roles.get(r, {}).get("desiredReplicas", 0) for r in v.ENGINE_ROLES)
         updated = sum(roles.get(r, {}).get("updatedReplicas", 0) for r in v.ENGINE_ROLES)
         self.progress.labels(namespace, name).set(min(1.0, updated / desired) if desired else 0)

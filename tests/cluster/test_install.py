@@ -92,6 +92,7 @@ def test_service_account_cannot_read_secrets_or_touch_unrelated_things(
         assert who.username == f"system:serviceaccount:{SYSTEM_NS}:{ACCOUNT}"
         assert can(api, "patch", "deployments", namespace, "apps")
         assert can(api, "list", "pods", namespace)
+        assert can(api, "watch", "networkpolicies", namespace, "networking.k8s.io")
         assert can(api, "patch", "pddeployments/status", namespace, "pdmtp.io")
         for verb, resource, group in [
             ("get", "secrets", ""),

@@ -1,10 +1,13 @@
-"""Scale figure: 50 PDDeployments (1P+1D) at once reach Available; the time is reported as a
-ratio against a script creating the same pods as plain Deployments on the same cluster in the
-same run (the floor), with the operator's peak RSS. Figures: docs/benchmarks.md."""
+"""Scale figure: PDDeployments (1P+1D, 50 by default, PDMTP_SCALE_COUNT=500 for the benchmark)
+created at once reach Available; the time is reported as a ratio against a script creating the
+same pods as plain Deployments on the same cluster in the same run (the floor), with the
+operator's peak RSS and its reconcile latency from its own metrics. Figures: docs/benchmarks.md.
+The test holds a loose bound; the benchmark holds the number."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -23,7 +26,8 @@ from pdmtp.api import vocabulary as v
 
 REPO = Path(__file__).resolve().parents[2]
 COUNT = int(os.environ.get("PDMTP_SCALE_COUNT", "50"))
-EXTRA_NODES = 12  # 50 x 2 GPUs on top of the session's 4 x 8
+# 2 GPUs per object at 8 per node, on top of the session's 4 nodes; pods per node stay < 110.
+EXTRA_NODES = max(12, math.ceil(COUNT / 4))
 
 
 def add_nodes(api: client.ApiClient) -> None:
@@ -54,13 +58,31 @@ def floor_deployment(name: str, role: str) -> dict[str, Any]:
     }
 
 
+def latency_quantile(metrics: dict[str, float], q: float) -> float:
+    """A quantile of the reconcile-duration histogram, interpolated inside its bucket."""
+    prefix = "pdmtp_reconcile_duration_seconds_bucket{le="
+    buckets = sorted(
+        (float(k[len(prefix) + 1 : -2]), n)
+        for k, n in metrics.items()
+        if k.startswith(prefix) and "+Inf" not in k
+    )
+    total = metrics.get("pdmtp_reconcile_duration_seconds_count", 0)
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            share = (rank - below) / (count - below) if count > below else 1.0
+            return lower + (upper - lower) * share
+        lower, below = upper, count
+    return lower
+
+
 def ready_deployments(apps: client.AppsV1Api, ns: str) -> int:
     return sum(
         (d.status.ready_replicas or 0) >= 1 for d in apps.list_namespaced_deployment(ns).items
     )
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(3600)
 def test_fifty_pddeployments_reach_available(
     cluster: Cluster, tmp_path: Path, record_property: Any
 ) -> None:
@@ -77,11 +99,11 @@ def test_fifty_pddeployments_reach_available(
     for i in range(COUNT):
         for role in ("prefill", "decode", "router"):
             apps.create_namespaced_deployment(ns_floor, floor_deployment(f"d{i}", role))
-    wait_for(lambda: ready_deployments(apps, ns_floor) == 3 * COUNT, "floor ready", 600, 0.5)
+    wait_for(lambda: ready_deployments(apps, ns_floor) == 3 * COUNT, "floor ready", 1800, 1)
     floor_seconds = time.monotonic() - started
     # Give the GPUs back before the operator's turn.
     core.delete_namespace(ns_floor)
-    wait_for(lambda: not core.list_namespaced_pod(ns_floor).items, "floor pods gone", 300, 1)
+    wait_for(lambda: not core.list_namespaced_pod(ns_floor).items, "floor pods gone", 900, 1)
 
     op = OperatorProcess(cluster.kubeconfig, [ns_op], tmp_path / "operator.log", resync_seconds=10)
     op.start()
@@ -112,14 +134,16 @@ def test_fifty_pddeployments_reach_available(
             ]
             return len(items) == COUNT and all(settled(o) for o in items)
 
-        wait_for(all_available, f"{COUNT} PDDeployments Available", 600, 0.5)
+        wait_for(all_available, f"{COUNT} PDDeployments Available", 1800, 1)
         operator_seconds = time.monotonic() - started
+        op_metrics = op.metrics()
     finally:
         stop.set()
         sampler.join(5)
         op.stop()
         core.delete_namespace(ns_op)
 
+    p50, p99 = (latency_quantile(op_metrics, q) for q in (0.5, 0.99))
     ratio = operator_seconds / floor_seconds
     figures = {
         "count": COUNT,
@@ -127,6 +151,9 @@ def test_fifty_pddeployments_reach_available(
         "operator_seconds": round(operator_seconds, 1),
         "ratio": round(ratio, 2),
         "operator_peak_rss_mib": round(peak["rss"] / 2**20, 1),
+        "reconcile_p50_ms": round(p50 * 1000, 1),
+        "reconcile_p99_ms": round(p99 * 1000, 1),
+        "reconciles": int(op_metrics.get("pdmtp_reconcile_duration_seconds_count", 0)),
     }
     for key, value in figures.items():
         record_property(key, value)

@@ -203,3 +203,82 @@ def test_unusable_body_reports_invalid_spec() -> None:
     cond = find(d.status["conditions"], "ConfigCompatible")
     assert cond is not None and cond["reason"] == reasons.INVALID_SPEC
     assert "spec.prefill.replicas" in cond["message"]
+
+
+def test_a_refused_write_is_status_and_no_event_claims_it() -> None:
+    from fake_cluster import FakeCluster
+    from pdmtp.core.actions import Rejection
+
+    fc = FakeCluster(body(pdd("x")))
+    d = decide(fc.observed(), NOW)
+    decode = next(a for a in d.actions if a.key.endswith("-decode"))
+    refusal = Rejection(decode.key, 422, 'admission webhook "quota" denied the request: no GPUs')
+    report = d.report([refusal])
+    cond = find(report.status["conditions"], "Progressing")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "ChildRejected")
+    assert decode.key in cond["message"] and "denied the request: no GPUs" in cond["message"]
+    created = {e.message for e in report.events if e.reason == "Created"}
+    assert f"Created {decode.key}" not in created and len(created) == len(d.actions) - 1
+    warnings = [e for e in report.events if e.type == "Warning" and e.reason == "ChildRejected"]
+    assert len(warnings) == 1 and "no GPUs" in warnings[0].message
+
+    # The same refusal again: the condition holds, no second warning; accepted later: recovery.
+    fc.apply_some(d, refused={decode.key})
+    fc.body["status"] = report.status
+    again = decide(fc.observed(), NOW + 1)
+    still = again.report([refusal])
+    assert not [e for e in still.events if e.reason == "ChildRejected"]
+    assert find(still.status["conditions"], "Progressing")["reason"] == "ChildRejected"  # type: ignore[index]
+    fine = again.report()
+    assert find(fine.status["conditions"], "Progressing")["reason"] == "RolloutInProgress"  # type: ignore[index]
+    assert f"Created {decode.key}" in {e.message for e in fine.events}
+
+
+def test_pods_a_deployment_cannot_create_show_in_status() -> None:
+    from fake_cluster import FakeCluster
+
+    fc = FakeCluster(body(pdd("x")))
+    fc.reconcile(NOW)
+    router = fc.objects[
+        next(k for k in fc.objects if k.startswith("Deployment/") and k.endswith("-router"))
+    ]
+    router["status"] = {
+        "conditions": [
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": 'pods "x-router-1" is forbidden: exceeded quota: pods',
+            }
+        ]
+    }
+    d = decide(fc.observed(), NOW + 1)
+    cond = find(d.status["conditions"], "Progressing")
+    assert cond is not None and cond["reason"] == "PodsRejected"
+    assert "exceeded quota" in cond["message"] and router["metadata"]["name"] in cond["message"]
+    assert any(e.type == "Warning" and e.reason == "PodsRejected" for e in d.events)
+
+
+def test_a_foreign_edit_is_reverted_and_nothing_else_is_written() -> None:
+    from fake_cluster import FakeCluster
+
+    fc = FakeCluster(body(pdd("x")))
+    fc.reconcile(NOW)
+    fc.run_pods()
+    fc.reconcile(NOW + 1)
+    fc.run_pods()
+    assert fc.reconcile(NOW + 2).actions == ()
+    decode = next(o for k, o in fc.objects.items() if k.endswith("-decode"))
+    decode["spec"]["template"]["spec"]["containers"][0]["image"] = "evil.example.com/x:1"
+    decode["spec"]["replicas"] = 5
+    d = fc.reconcile(NOW + 3)
+    (fix,) = d.actions
+    assert isinstance(fix, Apply) and fix.exists
+    assert fix.drift == ("spec.replicas", "spec.template.spec.containers[engine].image")
+    assert [e.message for e in d.events if e.reason == "Updated"] == [
+        f"Updated {fix.key}: spec.replicas, spec.template.spec.containers[engine].image"
+    ]
+    assert fc.reconcile(NOW + 4).actions == ()
+    del fc.objects["Service/x"]
+    (recreate,) = fc.reconcile(NOW + 5).actions
+    assert isinstance(recreate, Apply) and recreate.key == "Service/x" and not recreate.exists

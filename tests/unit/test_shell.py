@@ -126,3 +126,46 @@ def test_webhook_certificate_names_the_host_and_address(tmp_path: Any) -> None:
     assert san.get_values_for_type(x509.DNSName) == ["pdmtp-operator.pdmtp-system.svc"]
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["0.0.0.0"]
     assert cert_path.read_bytes() == pem and oct(key_path.stat().st_mode)[-3:] == "600"
+
+
+def _child(name: str, owner: str, rv: str, ns: str = "ns", **extra: Any) -> dict[str, Any]:
+    meta = {"name": name, "namespace": ns, "resourceVersion": rv}
+    meta["labels"] = {"pdmtp.io/name": owner}
+    meta["managedFields"] = [{"manager": "pdmtp"}]
+    return {"metadata": meta, **extra}
+
+
+def test_child_store_indexes_by_owner_and_never_rolls_back() -> None:
+    from pdmtp.cache import ChildStore
+
+    store = ChildStore()
+    assert store.put("Deployment", _child("a-1", "a", "10")) == ("ns", "a")
+    assert store.put("Pod", _child("a-1-x", "a", "11")) == ("ns", "a")
+    assert store.put("Deployment", _child("b-1", "b", "12")) == ("ns", "b")
+    kids = store.children("ns", "a")
+    assert sorted(kids) == ["Deployment", "Pod"] and kids["Deployment"][0]["kind"] == "Deployment"
+    assert "managedFields" not in kids["Deployment"][0]["metadata"]
+    # A late event older than what the store holds is ignored; a newer one replaces it.
+    assert store.put("Deployment", _child("a-1", "a", "9", spec={"replicas": 7})) is None
+    assert "spec" not in store.children("ns", "a")["Deployment"][0]
+    store.put("Deployment", _child("a-1", "a", "13", spec={"replicas": 2}))
+    assert store.children("ns", "a")["Deployment"][0]["spec"] == {"replicas": 2}
+    # Relabelled to another owner: it moves.
+    store.put("Pod", _child("a-1-x", "b", "14"))
+    assert "Pod" not in store.children("ns", "a") and "Pod" in store.children("ns", "b")
+    assert store.drop("Deployment", "ns", "b-1") == ("ns", "b")
+    assert store.children("ns", "b") == {"Pod": [store.children("ns", "b")["Pod"][0]]}
+
+
+def test_a_relisting_drops_what_is_gone_and_reports_the_owners_that_changed() -> None:
+    from pdmtp.cache import ChildStore
+
+    store = ChildStore()
+    store.put("Pod", _child("a-1", "a", "1"))
+    store.put("Pod", _child("b-1", "b", "2"))
+    store.put("Pod", _child("c-1", "c", "3", ns="other"))
+    # Listing namespace ns again: a-1 unchanged, b-1 deleted meanwhile, d-1 new.
+    changed = store.replace("Pod", "ns", [_child("a-1", "a", "1"), _child("d-1", "d", "5")])
+    assert changed == {("ns", "b"), ("ns", "d")}
+    assert store.children("ns", "b") == {} and store.children("other", "c") != {}
+    assert store.size() == 3

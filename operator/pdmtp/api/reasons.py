@@ -120,6 +120,18 @@ ROLLOUT_BLOCKED: Final = _reason(
 PODS_UNSCHEDULABLE: Final = _reason(
     PROGRESSING, "PodsUnschedulable", "The scheduler cannot place the update revision's pods."
 )
+CHILD_REJECTED: Final = _reason(
+    PROGRESSING,
+    "ChildRejected",
+    "The API server refused a write to a child (admission policy, quota, invalid object, a "
+    "persisting conflict); the message is the server's. Cleared by the next write that passes.",
+)
+PODS_REJECTED: Final = _reason(
+    PROGRESSING,
+    "PodsRejected",
+    "A child Deployment cannot create its pods (ReplicaFailure: quota, admission); the message "
+    "is the server's.",
+)
 
 # Degraded.
 AS_EXPECTED: Final = _reason(
@@ -136,6 +148,12 @@ ENGINE_TERMINATED: Final = _reason(
 
 # Events (besides a condition's reason, which its transitions are posted under).
 CREATED: Final = _reason(EVENT, "Created", "A child object was created.")
+UPDATED: Final = _reason(
+    EVENT,
+    "Updated",
+    "A child's owned fields were set back to what the spec renders (the message lists them): a "
+    "spec change, or a foreign edit reverted.",
+)
 SCALED: Final = _reason(EVENT, "Scaled", "An old revision's Deployment was scaled.")
 TRAFFIC_STOPPED: Final = _reason(
     EVENT, "TrafficStopped", "A revision's router was turned off; its pods drain."
@@ -143,6 +161,10 @@ TRAFFIC_STOPPED: Final = _reason(
 REVISION_RETIRED: Final = _reason(
     EVENT, "RevisionRetired", "A drained revision's workloads were deleted."
 )
+
+
+WARNING_REASONS: Final = frozenset({CHILD_REJECTED, PODS_REJECTED, ROLLOUT_BLOCKED})
+"""Reasons whose condition, whenever it appears or changes its message, is a Warning event."""
 
 
 def reasons_of(belongs_to: str) -> list[str]:

@@ -1,7 +1,8 @@
-"""What a reconcile asks the shell to do: writes to children and events to post. Plain data.
+"""What a reconcile asks the shell to do (writes to children, events to post) and what the shell
+reports back (the writes the API server refused). Plain data.
 
-An `Apply` carries the whole manifest, stamped with the hash of itself
-(`pdmtp.io/applied-hash`): the next reconcile compares stamps and writes nothing when they agree.
+An `Apply` is the whole rendered manifest; it exists only when the child is missing or a field the
+operator owns differs from it (`core.drift`), so a settled PDDeployment costs no writes.
 """
 
 from __future__ import annotations
@@ -10,13 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pdmtp.api import vocabulary as v
-from pdmtp.core.hashing import short_hash
-from pdmtp.core.observe import annotations_of
+from pdmtp.core.drift import drifted
 
 Obj = Mapping[str, Any]
 Manifest = dict[str, Any]
-MANIFEST_HASH_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -25,10 +23,16 @@ class Apply:
 
     manifest: Manifest
     exists: bool
+    drift: tuple[str, ...] = ()
+    """For an existing child: the owned fields that differ from the manifest."""
 
     @property
     def key(self) -> str:
         return key_of(self.manifest)
+
+    @property
+    def kind(self) -> str:
+        return str(self.manifest["kind"])
 
 
 @dataclass(frozen=True)
@@ -39,14 +43,33 @@ class Scale:
     replicas: int
     was: int
 
+    @property
+    def key(self) -> str:
+        return f"Deployment/{self.name}"
+
+    kind = "Deployment"
+
 
 @dataclass(frozen=True)
 class Delete:
     kind: str
     name: str
 
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.name}"
+
 
 Action = Apply | Scale | Delete
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A write the API server refused: which child, the HTTP status and the server's message."""
+
+    key: str
+    status: int
+    message: str
 
 
 @dataclass(frozen=True)
@@ -61,19 +84,10 @@ def key_of(obj: Obj) -> str:
     return f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
 
 
-def stamped(manifest: Manifest) -> Manifest:
-    """The manifest with its own hash as an annotation, for the next reconcile to compare."""
-    digest = short_hash(manifest, MANIFEST_HASH_LENGTH)
-    meta = manifest["metadata"]
-    meta["annotations"] = {**(meta.get("annotations") or {}), v.ANNOTATION_APPLIED_HASH: digest}
-    return manifest
-
-
-def apply_if_changed(manifest: Manifest, existing: Mapping[str, Obj]) -> Apply | None:
-    """An Apply unless the child already carries this manifest's stamp."""
+def apply_if_drifted(manifest: Manifest, existing: Mapping[str, Obj]) -> Apply | None:
+    """An Apply when the child is missing or differs from the manifest in a field it sets."""
     current = existing.get(key_of(manifest))
-    stamped(manifest)
-    wanted = manifest["metadata"]["annotations"][v.ANNOTATION_APPLIED_HASH]
-    if current is not None and annotations_of(current).get(v.ANNOTATION_APPLIED_HASH) == wanted:
-        return None
-    return Apply(manifest, exists=current is not None)
+    if current is None:
+        return Apply(manifest, exists=False)
+    paths = drifted(manifest, current)
+    return Apply(manifest, exists=True, drift=tuple(paths)) if paths else None

@@ -1,13 +1,15 @@
 """Which events a reconcile posts: condition transitions, and what its actions did.
 
-Events are posted after the status write, and only for actions the shell reports as done.
+Events are posted after the status write, and only for actions the API server accepted: an event
+never claims a write that was refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from pdmtp.api import reasons
+from pdmtp.api.v1alpha1 import Condition
 from pdmtp.core.actions import Action, Apply, Event, Scale
 from pdmtp.core.conditions import Transition
 from pdmtp.core.observe import format_time
@@ -16,19 +18,45 @@ from pdmtp.core.planner import RevisionState, Step
 
 def transition_event(t: Transition) -> Event:
     """A condition flipped: a Warning when it went the bad way."""
-    bad = (t.type == reasons.DEGRADED and t.new == "True") or (
-        t.type in (reasons.CONFIG_COMPATIBLE, reasons.AVAILABLE) and t.new == "False"
+    bad = (
+        (t.type == reasons.DEGRADED and t.new == "True")
+        or (t.type in (reasons.CONFIG_COMPATIBLE, reasons.AVAILABLE) and t.new == "False")
+        or t.reason in reasons.WARNING_REASONS
     )
     return Event("Warning" if bad else "Normal", t.reason, f"{t.type}={t.new}: {t.message}")
 
 
-def revision_events(
-    step: Step, states: Sequence[RevisionState], retired: Collection[str]
+def condition_events(
+    transitions: Sequence[Transition], old: Sequence[Condition], new: Sequence[Condition]
 ) -> list[Event]:
-    """A revision lost its traffic, or was retired (its Deployments deleted by this step)."""
+    """Transitions, and a warning condition whose reason or message changed without a flip (a
+    refusal that moved on to another child is news; the same refusal again is not)."""
+    events = [transition_event(t) for t in transitions]
+    flipped = {t.type for t in transitions}
+    before = {c.type: c for c in old}
+    for c in new:
+        was = before.get(c.type)
+        if c.type in flipped or c.reason not in reasons.WARNING_REASONS or was is None:
+            continue
+        if (was.reason, was.message) != (c.reason, c.message):
+            events.append(Event("Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
+    return events
+
+
+def revision_events(
+    step: Step,
+    states: Sequence[RevisionState],
+    retired: Collection[str],
+    keys: Mapping[str, Collection[str]],
+    refused: Collection[str],
+) -> list[Event]:
+    """A revision lost its traffic, or was retired (its Deployments deleted by this step); not
+    when one of that revision's writes was refused."""
     before = {s.revision: s for s in states}
     events = []
     for p in step.revisions:
+        if set(keys.get(p.revision, ())) & set(refused):
+            continue
         state = before.get(p.revision)
         if p.revision in retired:
             events.append(
@@ -50,12 +78,17 @@ def revision_events(
     return events
 
 
-def action_events(actions: Sequence[Action]) -> list[Event]:
-    """Children created and old revisions scaled."""
+def action_events(actions: Sequence[Action], refused: Collection[str]) -> list[Event]:
+    """Children created, updated and scaled, for the writes the API server accepted."""
     events = []
     for a in actions:
+        if a.key in refused:
+            continue
         if isinstance(a, Apply) and not a.exists:
             events.append(Event("Normal", reasons.CREATED, f"Created {a.key}"))
+        elif isinstance(a, Apply):
+            fields = ", ".join(a.drift[:5]) + (" ..." if len(a.drift) > 5 else "")
+            events.append(Event("Normal", reasons.UPDATED, f"Updated {a.key}: {fields}"))
         elif isinstance(a, Scale):
             events.append(
                 Event(

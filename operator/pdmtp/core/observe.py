@@ -66,9 +66,10 @@ def pod_ready(pod: Obj) -> bool:
 
 @dataclass(frozen=True)
 class PodIssue:
-    """A pod whose status explains a stalled or failing revision."""
+    """A pod (or a workload's pods) whose status explains a stalled or failing revision."""
 
     pod: str
+    """The pod, or for a workload that cannot create pods, the Deployment."""
     revision: str
     role: str
     message: str
@@ -111,6 +112,18 @@ def unschedulable(pods: Iterable[Obj]) -> list[PodIssue]:
         for c in (pod.get("status") or {}).get("conditions") or []:
             if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
                 out.append(_issue(pod, str(c.get("message", ""))))
+    return sorted(out, key=lambda u: u.pod)
+
+
+def rejected_pods(deployments: Iterable[Obj]) -> list[PodIssue]:
+    """Deployments whose pods the API server refuses (ReplicaFailure: quota, admission)."""
+    out = []
+    for d in deployments:
+        if is_terminating(d):
+            continue
+        for c in (d.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+                out.append(_issue(d, str(c.get("message", ""))))
     return sorted(out, key=lambda u: u.pod)
 
 

@@ -311,8 +311,13 @@ def _step_old(
     """The plan for one old revision and the availability left after it."""
     keep = unchanged(old)
     if old.draining:
-        # Invariant 4: pods stay until the drain ends and the router's pods are gone.
+        # Invariant 4: pods stay until the drain ends and the router's pods are gone. The drain
+        # counts from when traffic really stopped: while a router pod is still ready (the
+        # Deployment controller has not removed it yet), the deadline moves with the clock.
         assert old.drain_until is not None
+        if old.serving:
+            drain = max(old.drain_until, now + policy.drain_seconds)
+            return replace(keep, router=0, drain_until=drain), available
         retire = now >= old.drain_until and old.router.pods == 0
         return replace(keep, router=0, delete=retire), available
     if not old.routed:

@@ -7,31 +7,42 @@
 2. read the revisions off the observed Deployments and pods (`observe`);
 3. ask the planner for one step;
 4. render what each revision's workloads should be and keep only the writes that change
-   something (an applied-hash annotation makes an unchanged child cost nothing);
-5. build the status (`status`) and the events its transitions and actions deserve (`events`).
+   something: a missing child, or a field the operator owns that differs (`drift`);
+5. once the shell has applied the actions, `Decision.report(refused)` builds the status
+   (`status`) and the events (`events`) from what the API server accepted and refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeployment
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentStatus
 from pdmtp.core import names, status
-from pdmtp.core.actions import Action, Delete, Event, Scale, apply_if_changed, key_of
+from pdmtp.core.actions import (
+    Action,
+    Delete,
+    Event,
+    Rejection,
+    Scale,
+    apply_if_drifted,
+    key_of,
+)
 from pdmtp.core.agreement import Agreement
-from pdmtp.core.events import action_events, revision_events, transition_event
+from pdmtp.core.events import action_events, condition_events, revision_events
 from pdmtp.core.observe import (
     engine_failures,
     format_time,
     labels_of,
+    rejected_pods,
     revision_membership,
     revision_states,
     unschedulable,
 )
-from pdmtp.core.planner import RevisionPlan, Target, plan
+from pdmtp.core.planner import Policy, RevisionPlan, Target, plan
 from pdmtp.core.render import engine_deployment, router_deployment, shared_children
 from pdmtp.core.revision import target_and_policy
 from pdmtp.core.validation import validate
@@ -51,14 +62,83 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Decision:
-    actions: tuple[Action, ...]
+class Report:
+    """What the shell writes back once the actions ran: status (if changed) and events."""
+
     status: dict[str, Any]
     status_changed: bool
     events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What the status is built from, kept so `report` can add the refusals."""
+
+    pdd: PDDeployment
+    generation: int | None
+    old: PDDeploymentStatus
+    raw_old: Obj
+    agreement: Agreement
+    target: Target
+    policy: Policy
+    seen: status.Observations
+    stamp: str
+    retired: frozenset[str]
+    revision_keys: Mapping[str, frozenset[str]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
     requeue_after: float | None
     agreement: Agreement | None = None
     """None when the spec could not be parsed at all."""
+    _inputs: _Inputs | None = field(default=None, repr=False)
+    _unusable: Report | None = field(default=None, repr=False)
+
+    def report(self, refused: Sequence[Rejection] = ()) -> Report:
+        """The status and events once the actions ran, `refused` being the writes the API
+        server refused (their events are dropped; the status says so)."""
+        if self._inputs is None:
+            assert self._unusable is not None
+            return self._unusable
+        i = self._inputs
+        new, transitions = status.build(
+            i.pdd.spec,
+            i.generation,
+            i.old,
+            i.agreement,
+            i.target,
+            i.policy,
+            i.seen,
+            i.stamp,
+            refused,
+        )
+        written = status.as_dict(new)
+        keys = {r.key for r in refused}
+        events = [
+            *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
+            *action_events(self.actions, keys),
+            *condition_events(transitions, i.old.conditions, new.conditions),
+        ]
+        return Report(written, written != _without_none(i.raw_old), tuple(events))
+
+    @cached_property
+    def accepted(self) -> Report:
+        """The report when every write is accepted."""
+        return self.report()
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.accepted.status
+
+    @property
+    def status_changed(self) -> bool:
+        return self.accepted.status_changed
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        return self.accepted.events
 
 
 def decide(observed: Observed, now: float) -> Decision:
@@ -74,8 +154,9 @@ def decide(observed: Observed, now: float) -> Decision:
     if verdict.pdd is None or verdict.agreement is None:
         new, transitions = status.unusable(old, generation, verdict.message(), stamp)
         written = status.as_dict(new)
-        unusable = tuple(transition_event(t) for t in transitions)
-        return Decision((), written, written != _without_none(raw_status), unusable, None)
+        events = tuple(condition_events(transitions, old.conditions, new.conditions))
+        unusable = Report(written, written != _without_none(raw_status), events)
+        return Decision((), None, None, _unusable=unusable)
     pdd, agreement = verdict.pdd, verdict.agreement
     target, policy = target_and_policy(pdd.spec, agreement)
 
@@ -93,27 +174,34 @@ def decide(observed: Observed, now: float) -> Decision:
     existing.update({key_of(o): o for o in observed.others})
     actions: list[Action] = []
     if agreement.compatible:
-        actions += [a for m in shared_children(pdd) if (a := apply_if_changed(m, existing))]
+        actions += [a for m in shared_children(pdd) if (a := apply_if_drifted(m, existing))]
     retired = set()
+    revision_keys: dict[str, frozenset[str]] = {}
     for p in step.revisions:
         revision_actions = _revision_actions(pdd, p, target, agreement, existing, pods)
         actions += revision_actions
+        revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             retired.add(p.revision)
 
-    # 5. Status and events.
-    seen = status.Observations(states, step, engine_failures(pods), unschedulable(pods))
-    new, transitions = status.build(
-        pdd.spec, generation, old, agreement, target, policy, seen, stamp
+    # 5. Status and events come from `Decision.report`, after the shell's writes.
+    seen = status.Observations(
+        states, step, engine_failures(pods), unschedulable(pods), rejected_pods(mine)
     )
-    written = status.as_dict(new)
-    events = [
-        *revision_events(step, states, retired),
-        *action_events(actions),
-        *(transition_event(t) for t in transitions),
-    ]
-    changed = written != _without_none(raw_status)
-    return Decision(tuple(actions), written, changed, tuple(events), step.requeue_after, agreement)
+    inputs = _Inputs(
+        pdd,
+        generation,
+        old,
+        raw_status,
+        agreement,
+        target,
+        policy,
+        seen,
+        stamp,
+        frozenset(retired),
+        revision_keys,
+    )
+    return Decision(tuple(actions), step.requeue_after, agreement, inputs)
 
 
 def _without_none(data: Any) -> Any:
@@ -144,7 +232,7 @@ def _revision_actions(
     if p.revision == target.revision:
         for role in v.ENGINE_ROLES:
             manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), agreement)
-            if change := apply_if_changed(manifest, existing):
+            if change := apply_if_drifted(manifest, existing):
                 actions.append(change)
     else:
         # An old revision's template is history (the spec no longer describes it): only scale.
@@ -163,6 +251,6 @@ def _revision_actions(
     )
     drain = None if p.drain_until is None else format_time(p.drain_until)
     router = router_deployment(pdd, p.revision, p.router, membership, drain)
-    if change := apply_if_changed(router, existing):
+    if change := apply_if_drifted(router, existing):
         actions.append(change)
     return actions

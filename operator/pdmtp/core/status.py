@@ -23,6 +23,7 @@ from pdmtp.api.v1alpha1 import (
     RoleStatus,
 )
 from pdmtp.api.vocabulary import Role
+from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
 from pdmtp.core.observe import PodIssue
@@ -90,11 +91,21 @@ def available(states: Sequence[RevisionState], target: Target, policy: Policy) -
 def progressing(
     agreement: Agreement,
     step: Step,
-    states: Sequence[RevisionState],
+    seen: Observations,
     target: Target,
-    waiting: Sequence[PodIssue],
     current: str | None,
+    refused: Sequence[Rejection] = (),
 ) -> ConditionUpdate:
+    states, waiting = seen.states, seen.waiting
+    if refused:
+        first = refused[0]
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.CHILD_REJECTED,
+            f"the API server refused {first.key} ({first.status}): {first.message}{more}",
+        )
     if not agreement.compatible:
         return ConditionUpdate(
             reasons.PROGRESSING,
@@ -116,6 +127,14 @@ def progressing(
             "False",
             reasons.ROLLOUT_BLOCKED,
             f"rollout to {target.revision} cannot proceed: {step.reason}",
+        )
+    if seen.rejected:
+        first_issue = seen.rejected[0]
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.PODS_REJECTED,
+            f"Deployment/{first_issue.pod} cannot create its pods: {first_issue.message}",
         )
     olds = [s.revision for s in states if s.revision != target.revision]
     what = f"rolling from {', '.join(olds)} to" if olds else "scaling"
@@ -211,6 +230,8 @@ class Observations:
     step: Step
     failures: Sequence[PodIssue]
     waiting: Sequence[PodIssue]
+    rejected: Sequence[PodIssue] = ()
+    """Workloads whose pods the API server refuses."""
 
 
 def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
@@ -233,14 +254,16 @@ def build(
     policy: Policy,
     seen: Observations,
     now: str,
+    refused: Sequence[Rejection] = (),
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
-    """The status for this reconcile and the conditions that flipped."""
+    """The status for this reconcile (after its writes; `refused` are those the API server
+    refused) and the conditions that flipped."""
     update = target.revision or old.update_revision
     current = current_revision(seen.states, old)
     updates = [
         config_compatible(agreement),
         available(seen.states, target, policy),
-        progressing(agreement, seen.step, seen.states, target, seen.waiting, current),
+        progressing(agreement, seen.step, seen, target, current, refused),
         degraded(seen.failures),
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
