@@ -230,7 +230,7 @@ def test_junk_files_are_refused_by_both(
         assert kubectl_apply(cluster, namespace, path).returncode != 0
 
 
-@pytest.mark.parametrize("sample", ["minimal.yaml", "full.yaml", "demo.yaml"])
+@pytest.mark.parametrize("sample", ["minimal.yaml", "full.yaml", "demo.yaml", "production.yaml"])
 def test_samples_pass_both(
     sample: str, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
 ) -> None:

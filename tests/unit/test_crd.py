@@ -84,15 +84,19 @@ def test_cel_rules_carry_messages_that_name_the_field(schema: dict[str, Any]) ->
 def test_every_cel_rule_has_a_python_twin() -> None:
     """Each rule the API server enforces is enforced offline too: by pydantic, or by the
     agreement under a named reason (pdmtp validate then exits 1 instead of 2)."""
+    import pdmtp.api.pod as pod
     import pdmtp.api.v1alpha1 as model
     from pdmtp.api import reasons
+    from pdmtp.api.base import Model
     from pdmtp.api.rules import Rule
 
     found: list[Rule] = []
-    for value in vars(model).values():
-        if isinstance(value, type) and issubclass(value, model.BaseModel):
-            found += value.RULES if hasattr(value, "RULES") else []
-    found += [v for v in vars(model).values() if isinstance(v, Rule)]
+    for module in (model, pod):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, Model):
+                found += value.RULES
+            elif isinstance(value, Rule):
+                found.append(value)
     assert found
     for rule in found:
         assert rule.holds is not None or rule.finding in reasons.reasons_of(

@@ -85,6 +85,7 @@ def check_model(value: Any, rules: tuple[Rule, ...]) -> None:
 # ---- grammars -------------------------------------------------------------------------------
 
 DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 DNS_1035_LABEL: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _DNS_PART = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 QUALIFIED_NAME: Final = (

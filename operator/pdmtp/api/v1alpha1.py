@@ -11,63 +11,35 @@ Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
 from pdmtp.api import reasons
 from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
+from pdmtp.api.base import Model, defaulted
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.api.methods import SPECULATIVE_METHODS
+from pdmtp.api.pod import (
+    OWNED_ENV_RULE,
+    EnvFromSource,
+    EnvVar,
+    KeySelector,
+    Placement,
+    PodSettings,
+    ResourceRequirements,
+    Toleration,
+)
 from pdmtp.api.rules import Checked, Rule, model_rules
 
 MAX_NAME_LENGTH = 40
 """Child names add up to 23 characters (`-<revision>-prefill`); Services must fit 63."""
 
 
-def defaulted(model: type[BaseModel]) -> dict[str, Any]:
-    """A schema default for an omitted nested object: the model's own defaults, spelled out.
-
-    `default: {}` is not enough: the API server checks defaults against the CEL rules as they
-    stand, before nested defaults are filled in.
-    """
-    return {"default": model().model_dump(by_alias=True, exclude_none=True, mode="json")}
-
-
-class _Model(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected, no type coercion (the API server
-    refuses "3" for an integer, so the model does too), defaults validated. `RULES` are the
-    object-level rules, checked here and rendered as CEL (`model_rules`)."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-        frozen=True,
-        strict=True,
-    )
-    RULES: ClassVar[tuple[Rule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _check_rules(self) -> Any:
-        r.check_model(self, type(self).RULES)
-        return self
-
-
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-OWNED_ENV = (
-    v.ENV_VLLM_HOST_IP,
-    v.ENV_MOONCAKE_BOOTSTRAP_PORT,
-    v.ENV_ROLE,
-    v.ENV_EXPECTED_LOOKAHEAD,
-    v.ENV_EXPECTED_BACKOFF,
-)
-
 _OWNED_FLAG_LIST = ", ".join(sorted({f for f in OWNED_FLAGS if f.startswith("--")}))
 
 
@@ -101,13 +73,99 @@ METADATA_NAME = r.name_rule(
 )
 
 
-class ModelSpec(_Model):
+class PVCModel(Model):
+    """Weights on a PersistentVolumeClaim, mounted read-only at /models in both roles."""
+
+    claim_name: Annotated[
+        str, Checked(r.name_rule("claimName", r.DNS_SUBDOMAIN, "a DNS subdomain", 253))
+    ] = Field(max_length=253, description="The PVC holding the checkpoint.")
+    sub_path: (
+        Annotated[
+            str,
+            Checked(
+                Rule(
+                    "!self.startsWith('/') && !self.contains('..')",
+                    "subPath is a relative path inside the volume, without '..'",
+                    lambda path: not path.startswith("/") and ".." not in path,
+                )
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=1024,
+        description="The checkpoint's directory in the volume; served as /models/<subPath>.",
+    )
+    read_only: bool = Field(default=True, description="Mount read-only (the default).")
+
+
+class ImageModel(Model):
+    """Weights packaged as an OCI image, mounted as an image volume at /models (Kubernetes image
+    volumes; the API server and runtime must support them)."""
+
+    reference: Annotated[
+        str,
+        Field(min_length=1, max_length=512),
+        Checked(r.image_rule("spec.model.source.image.reference")),
+    ] = Field(description="The image holding the checkpoint.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="When to pull it."
+    )
+    sub_path: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="The checkpoint's directory in the image; served as /models/<subPath>.",
+    )
+
+
+class ClaimReference(Model):
+    """A PersistentVolumeClaim in the PDDeployment's namespace."""
+
+    claim_name: Annotated[
+        str, Checked(r.name_rule("claimName", r.DNS_SUBDOMAIN, "a DNS subdomain", 253))
+    ] = Field(max_length=253, description="The PVC's name.")
+
+
+class HubModel(Model):
+    """Weights downloaded from the Hugging Face hub (spec.model.name at spec.model.revision)."""
+
+    token_secret_ref: KeySelector | None = Field(
+        default=None,
+        description="A Secret key holding the hub token, projected as HF_TOKEN; never copied.",
+    )
+    cache_pvc: ClaimReference | None = Field(
+        default=None,
+        description="A PVC for the download cache (HF_HOME), so restarts do not download again.",
+    )
+
+
+class ModelSource(Model):
+    """Where both roles load the weights from: exactly one of pvc, image, hub."""
+
+    RULES = (
+        Rule(
+            "[has(self.pvc), has(self.image), has(self.hub)].filter(x, x).size() == 1",
+            "spec.model.source sets exactly one of pvc, image, hub",
+            lambda s: sum(x is not None for x in (s.pvc, s.image, s.hub)) == 1,
+        ),
+    )
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
+    pvc: PVCModel | None = Field(default=None, description="Weights on a PVC.")
+    image: ImageModel | None = Field(default=None, description="Weights in an OCI image.")
+    hub: HubModel | None = Field(default=None, description="Weights from the hub.")
+
+
+class ModelSpec(Model):
     """The checkpoint both roles serve."""
 
     name: str = Field(
         min_length=1,
         max_length=512,
-        description="Model to serve: a Hugging Face repository id or a path inside the image.",
+        description=(
+            "The model's name: a Hugging Face repository id, or with a pvc/image source the "
+            "name clients use (`--served-model-name`)."
+        ),
     )
     revision: str = Field(
         default="main",
@@ -131,9 +189,16 @@ class ModelSpec(_Model):
         max_length=64,
         description="vLLM `--quantization` method; unset lets vLLM read it from the checkpoint.",
     )
+    source: ModelSource | None = Field(
+        default=None,
+        description=(
+            "Where the weights come from; unset: downloaded from the hub into each pod. Both "
+            "roles load the same weights (part of the compat revision)."
+        ),
+    )
 
 
-class EngineSpec(_Model):
+class EngineSpec(Model):
     """`vllm serve` settings both roles must share (part of the compat revision)."""
 
     dtype: Literal[DTYPES] = Field(  # type: ignore[valid-type]
@@ -186,7 +251,7 @@ class EngineSpec(_Model):
     )
 
 
-class SpeculativeSpec(_Model):
+class SpeculativeSpec(Model):
     """Speculative decoding shared by both roles (`--speculative-config`)."""
 
     method: Literal[SPECULATIVE_METHODS] = Field(  # type: ignore[valid-type]
@@ -218,7 +283,7 @@ RDMA_DEVICES_RULE = Rule(
 )
 
 
-class KVTransferSpec(_Model):
+class KVTransferSpec(Model):
     """The Mooncake KV transfer between prefill and decode."""
 
     RULES = (RDMA_DEVICES_RULE,)
@@ -246,7 +311,7 @@ class KVTransferSpec(_Model):
     )
 
 
-class RoleSpeculativeSpec(_Model):
+class RoleSpeculativeSpec(Model):
     """A role's override of the shared speculative settings."""
 
     num_speculative_tokens: int = Field(
@@ -259,98 +324,16 @@ class RoleSpeculativeSpec(_Model):
     )
 
 
-class EnvVar(_Model):
-    """A literal environment variable for the engine container."""
+class RoleKVTransfer(Model):
+    """A role's override of the shared KV transfer settings."""
 
-    name: str = Field(
-        min_length=1,
-        max_length=256,
-        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
-        description="Variable name.",
-    )
-    value: str = Field(default="", max_length=32768, description="Variable value.")
-
-
-QuantityValue = int | Annotated[str, Field(max_length=64)]
-
-
-def _resource_map(path: str) -> Checked:
-    return Checked(
-        r.keys_rule(
-            path, r.QUALIFIED_NAME, "resource names such as cpu, memory or example.com/foo"
-        ),
-        r.quantities_rule(path),
+    device_names: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        max_length=16,
+        description="This role's RDMA devices (nodes of the two roles may differ); role-local.",
     )
 
 
-class ResourceRequirements(_Model):
-    """Compute resources for the engine container. GPUs are added from the parallel sizes."""
-
-    requests: Annotated[dict[str, QuantityValue], _resource_map("resources.requests")] = Field(
-        default_factory=dict,
-        max_length=12,
-        description=(
-            "Minimum resources (cpu, memory, ...); `nvidia.com/gpu` is set by the operator."
-        ),
-    )
-    limits: Annotated[dict[str, QuantityValue], _resource_map("resources.limits")] = Field(
-        default_factory=dict,
-        max_length=12,
-        description="Maximum resources. `nvidia.com/gpu` is set by the operator.",
-    )
-
-
-class Toleration(_Model):
-    """A pod toleration (the core/v1 Toleration fields)."""
-
-    RULES = (
-        Rule(
-            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || "
-            "self.value == ''",
-            "a toleration with operator Exists matches any value: leave value empty",
-            lambda t: t.operator != "Exists" or not t.value,
-        ),
-        Rule(
-            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-            "tolerationSeconds applies only to effect NoExecute",
-            lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
-        ),
-    )
-    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
-
-    key: (
-        Annotated[
-            str,
-            Field(max_length=316),
-            Checked(r.name_rule("a toleration key", r.QUALIFIED_NAME, "a label key", 316)),
-        ]
-        | None
-    ) = Field(default=None, description="Taint key the toleration applies to.")
-    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Key operator.")
-    value: (
-        Annotated[
-            str,
-            Field(max_length=63),
-            Checked(r.name_rule("a toleration value", r.LABEL_VALUE, "a label value", 63)),
-        ]
-        | None
-    ) = Field(default=None, description="Taint value the toleration matches.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
-        default=None, description="Taint effect to match; empty matches all effects."
-    )
-    toleration_seconds: int | None = Field(
-        default=None, description="How long a NoExecute taint is tolerated."
-    )
-
-
-OWNED_ENV_RULE = Rule(
-    "self.all(e, !(e.name in " + str(list(OWNED_ENV)).replace('"', "'") + "))",
-    "env must not set " + ", ".join(OWNED_ENV) + ": the operator owns them",
-    lambda env: all(e.name not in OWNED_ENV for e in env),
-)
-
-
-class RoleSpec(_Model):
+class RoleSpec(Model):
     """One engine role (prefill or decode)."""
 
     replicas: int = Field(
@@ -395,6 +378,11 @@ class RoleSpec(_Model):
         max_length=64,
         description="Extra environment for the engine container.",
     )
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets and ConfigMaps whose keys become environment variables.",
+    )
     node_selector: Annotated[
         dict[str, Annotated[str, Field(max_length=63)]],
         Checked(
@@ -413,9 +401,18 @@ class RoleSpec(_Model):
     ] = Field(
         default_factory=dict, max_length=64, description="Extra annotations on the role's pods."
     )
+    pod: PodSettings | None = Field(
+        default=None,
+        description="This role's pod settings; each field it sets replaces spec.pod's.",
+    )
+    kv_transfer: RoleKVTransfer | None = Field(
+        default=None,
+        alias="kvTransfer",
+        description="This role's override of spec.kvTransfer.deviceNames.",
+    )
 
 
-class RouterSpec(_Model):
+class RouterSpec(Model):
     """The per-revision vllm-router that pairs a prefill and a decode for each request."""
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods of a serving revision.")
@@ -428,7 +425,7 @@ class RouterSpec(_Model):
     )
 
 
-class RolloutSpec(_Model):
+class RolloutSpec(Model):
     """How a paired (both roles) or role-local rollout proceeds."""
 
     RULES = (
@@ -480,12 +477,30 @@ SPECULATIVE_OVERRIDE_RULE = Rule(
 )
 
 
-class PDDeploymentSpec(_Model):
+def _token_ref(spec: Any) -> bool:
+    source = spec.model.source
+    return source is not None and source.hub is not None and source.hub.token_secret_ref is not None
+
+
+HUB_TOKEN_RULE = Rule(
+    "!has(self.model.source) || !has(self.model.source.hub) || "
+    "!has(self.model.source.hub.tokenSecretRef) || "
+    "((!has(self.prefill.env) || self.prefill.env.all(e, e.name != 'HF_TOKEN')) && "
+    "(!has(self.decode.env) || self.decode.env.all(e, e.name != 'HF_TOKEN')))",
+    "spec.model.source.hub.tokenSecretRef sets HF_TOKEN: remove HF_TOKEN from the roles' env",
+    lambda spec: (
+        not _token_ref(spec)
+        or all(e.name != v.ENV_HF_TOKEN for role in (spec.prefill, spec.decode) for e in role.env)
+    ),
+)
+
+
+class PDDeploymentSpec(Model):
     """Desired state of a prefill/decode deployment."""
 
     # Cross-role rules: CEL refuses them at admission; in Python they are the agreement's
     # findings, reported with their own reason (pdmtp.core.agreement).
-    RULES = (TP_DIVISIBLE_RULE, MAX_MODEL_LEN_RULE, SPECULATIVE_OVERRIDE_RULE)
+    RULES = (TP_DIVISIBLE_RULE, MAX_MODEL_LEN_RULE, SPECULATIVE_OVERRIDE_RULE, HUB_TOKEN_RULE)
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     model: ModelSpec = Field(description="The checkpoint both roles serve.")
@@ -518,13 +533,23 @@ class PDDeploymentSpec(_Model):
         json_schema_extra=defaulted(RolloutSpec),
         description="Rollout policy for both kinds of rollout.",
     )
+    pod: PodSettings | None = Field(
+        default=None,
+        description=(
+            "Pod settings of both roles (pull secrets, priority, scheduler, affinity, spread, "
+            "security context, service account, volumes); role-local."
+        ),
+    )
+    placement: Placement | None = Field(
+        default=None, description="Where a revision's prefill and decode pods land; role-local."
+    )
 
     def role(self, role: v.EngineRole) -> RoleSpec:
         """spec.prefill or spec.decode."""
         return v.by_role(role, self.prefill, self.decode)
 
 
-class Condition(_Model):
+class Condition(Model):
     """A metav1.Condition."""
 
     type: str = Field(max_length=316, description="Condition type, e.g. Available.")
@@ -539,7 +564,7 @@ class Condition(_Model):
     message: str = Field(default="", max_length=32768, description="Human-readable details.")
 
 
-class Lookahead(_Model):
+class Lookahead(Model):
     """The prefill lookahead each role derives, and the prefill backoff."""
 
     prefill: int | None = Field(default=None, description="Lookahead the prefill derives.")
@@ -549,7 +574,7 @@ class Lookahead(_Model):
     )
 
 
-class RoleStatus(_Model):
+class RoleStatus(Model):
     """Pod counts of one role across revisions."""
 
     name: Literal["prefill", "decode", "router"] = Field(description="The role.")
@@ -559,7 +584,7 @@ class RoleStatus(_Model):
     desired_replicas: int = Field(default=0, description="spec.<role>.replicas.")
 
 
-class RevisionStatus(_Model):
+class RevisionStatus(Model):
     """One revision that has workloads."""
 
     revision: str = Field(description="Compat revision hash.")
@@ -571,7 +596,7 @@ class RevisionStatus(_Model):
     routers: int = Field(description="Ready router pods.")
 
 
-class PDDeploymentStatus(_Model):
+class PDDeploymentStatus(Model):
     """Observed state, written by the operator once per reconcile."""
 
     model_config = ConfigDict(frozen=False)
@@ -595,7 +620,7 @@ class PDDeploymentStatus(_Model):
     )
 
 
-class ObjectMeta(_Model):
+class ObjectMeta(Model):
     """The metadata fields pdmtp reads; others pass through untouched."""
 
     model_config = ConfigDict(extra="allow")
@@ -610,7 +635,7 @@ class ObjectMeta(_Model):
     generation: int | None = Field(default=None, description="Spec generation.")
 
 
-class PDDeployment(_Model):
+class PDDeployment(Model):
     """A prefill/decode disaggregated vLLM deployment with MTP agreement checks."""
 
     api_version: Literal["pdmtp.io/v1alpha1"] = Field(

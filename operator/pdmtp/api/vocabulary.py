@@ -48,6 +48,22 @@ ENV_EXPECTED_BACKOFF: Final = "PDMTP_EXPECTED_PREFILL_BACKOFF"
 ENV_ROLE: Final = "PDMTP_ROLE"
 ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
 ENV_MOONCAKE_BOOTSTRAP_PORT: Final = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+# Hugging Face hub settings the operator derives from spec.model.source.
+ENV_HF_TOKEN: Final = "HF_TOKEN"
+ENV_HF_HOME: Final = "HF_HOME"
+ENV_HF_HUB_OFFLINE: Final = "HF_HUB_OFFLINE"
+
+# Volumes the operator mounts into engine pods; spec volumes may not reuse the names or paths.
+SHM_VOLUME: Final = "dshm"
+SHM_PATH: Final = "/dev/shm"
+MODEL_VOLUME: Final = "model"
+MODEL_PATH: Final = "/models"
+"""Where a PVC or image model source is mounted; the engine serves the weights from here."""
+HF_CACHE_VOLUME: Final = "hf-cache"
+HF_CACHE_PATH: Final = "/cache/huggingface"
+TERMINATION_LOG_PATH: Final = "/dev/termination-log"
+RESERVED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, HF_CACHE_VOLUME)
+RESERVED_MOUNT_PATHS: Final = (SHM_PATH, MODEL_PATH, HF_CACHE_PATH, TERMINATION_LOG_PATH)
 
 LAUNCHER_REFUSED_EXIT_CODE: Final = 3
 """Exit code of the engine launcher when it refuses a config (images/engine launcher)."""

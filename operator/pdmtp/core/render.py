@@ -15,7 +15,7 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec, RoleSpec
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core import names
+from pdmtp.core import names, scheduling, weights
 from pdmtp.core.agreement import Agreement, role_max_model_len, speculative_tokens
 from pdmtp.core.hashing import canonical_json
 from pdmtp.core.observe import Membership
@@ -27,7 +27,6 @@ Manifest = dict[str, Any]
 KV_ROLES: Mapping[EngineRole, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
-SHM_VOLUME = "dshm"
 HEALTH_PATH = "/health"
 STARTUP_BUDGET_SECONDS = 1800
 """Model loads take minutes; the startup probe allows half an hour before liveness applies."""
@@ -68,8 +67,10 @@ def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manife
 def kv_transfer_config(spec: PDDeploymentSpec, role: EngineRole) -> Manifest:
     """The `--kv-transfer-config` of a role: the fixed connector, loaded out of tree."""
     extra: dict[str, Any] = {"mooncake_protocol": spec.kv_transfer.protocol}
-    if spec.kv_transfer.device_names:
-        extra["mooncake_device_name"] = ",".join(spec.kv_transfer.device_names)
+    own = spec.role(role).kv_transfer
+    devices = own.device_names if own is not None else spec.kv_transfer.device_names
+    if devices:
+        extra["mooncake_device_name"] = ",".join(devices)
     return {
         "kv_connector": v.CONNECTOR_CLASS,
         "kv_connector_module_path": v.CONNECTOR_MODULE,
@@ -97,9 +98,7 @@ def engine_args(spec: PDDeploymentSpec, role: EngineRole) -> list[str]:
     args = [
         "vllm",
         "serve",
-        spec.model.name,
-        "--revision",
-        spec.model.revision,
+        *weights.served_model(spec),
         "--host",
         "0.0.0.0",
         "--port",
@@ -142,7 +141,8 @@ def _env(spec: PDDeploymentSpec, role: EngineRole, agreement: Agreement) -> list
         env.append({"name": v.ENV_EXPECTED_LOOKAHEAD, "value": str(lookahead)})
     if agreement.prefill_backoff is not None:
         env.append({"name": v.ENV_EXPECTED_BACKOFF, "value": str(agreement.prefill_backoff)})
-    env += [{"name": e.name, "value": e.value} for e in spec.role(role).env]
+    env += weights.environment(spec)
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.role(role).env]
     return env
 
 
@@ -187,6 +187,7 @@ def engine_pod_template(
             }
         )
         annotations[v.ANNOTATION_BOOTSTRAP_PORT] = str(spec.kv_transfer.bootstrap_port)
+    model_volumes, model_mounts = weights.volumes(spec)
     security: Manifest = {"allowPrivilegeEscalation": False}
     if rdma:
         security["capabilities"] = {"add": ["IPC_LOCK"]}
@@ -198,18 +199,30 @@ def engine_pod_template(
         "ports": ports,
         "resources": _resources(spec, role),
         "securityContext": security,
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": v.SHM_VOLUME, "mountPath": v.SHM_PATH},
+            *model_mounts,
+            *scheduling.volume_mounts(spec, role),
+        ],
         "startupProbe": _probe(HEALTH_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
         "readinessProbe": _probe(HEALTH_PATH, 5, 3),
         "livenessProbe": _probe(HEALTH_PATH, 15, 4),
         "lifecycle": {"preStop": {"sleep": {"seconds": max(spec.rollout.drain_seconds, 1)}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if r.env_from:
+        container["envFrom"] = [e.model_dump(by_alias=True, exclude_none=True) for e in r.env_from]
+    pod_fields = scheduling.pod_fields(spec, pdd.metadata.name, revision, role)
     pod_spec: Manifest = {
         "containers": [container],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+        "volumes": [
+            {"name": v.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            *model_volumes,
+            *pod_fields.pop("volumes", []),
+        ],
         "terminationGracePeriodSeconds": spec.rollout.drain_seconds + GRACE_MARGIN_SECONDS,
         "enableServiceLinks": False,
+        **pod_fields,
     }
     if r.node_selector:
         pod_spec["nodeSelector"] = dict(r.node_selector)
