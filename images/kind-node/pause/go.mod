@@ -1,0 +1,3 @@
+module pdmtp.local/pause
+
+go 1.26.0
