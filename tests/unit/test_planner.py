@@ -254,3 +254,155 @@ def test_waiting_for_pods_is_progress_not_blocked() -> None:
     assert step.outcome == "Progress"
     before = (old, starting)
     assert all(p == planner.unchanged(s) for p, s in zip(step.revisions, before, strict=True))
+
+
+# ---- rollout control: pause, canary, rollback, scaling mid-roll, a full cluster -------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    pause_at=st.integers(0, 20),
+    paused_for=st.integers(1, 15),
+)
+def test_pause_at_any_step_freezes_then_resume_completes(
+    a: Target, b: Target, policy: Policy, seed: int, pause_at: int, paused_for: int
+) -> None:
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    monitor = InvariantMonitor(policy)
+    if run(sim, monitor, b, rng, max_ticks=pause_at).complete:
+        return
+    frozen = replace(policy, paused=True)
+    trace = run(sim, monitor, b, rng, policy=frozen, max_ticks=paused_for)
+    for _, observed, step in trace.steps:
+        assert step.outcome == "Paused"
+        before = {s.revision: planner.unchanged(s) for s in observed}
+        for p in step.revisions:
+            # Only a drain that ran out may act: its revision retires.
+            assert p == before[p.revision] or p.delete, (p, before[p.revision])
+    assert run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
+    assert_only(sim, "bbbb")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    percent=st.integers(1, 99),
+)
+def test_a_canary_holds_at_its_share_then_promotion_completes(
+    a: Target, b: Target, policy: Policy, seed: int, percent: int
+) -> None:
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    monitor = InvariantMonitor(policy)
+    canary = replace(policy, canary_percent=percent)
+    held = run(sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held")
+    share = planner.canary_replicas(b, percent)
+    keep = {
+        r: min(max(1, b.replicas(r) - share[r]), b.replicas(r) + policy.max_surge - share[r])
+        for r in ("prefill", "decode")
+    }
+    if min(keep.values()) < 1 or held.complete:
+        return  # no room for both revisions: a plain rollout (it completed)
+    last = held.steps[-1][2]
+    assert last.outcome == "Held", "the canary never reached its hold"
+    states = {s.revision: s for s in sim.observe()}
+    assert set(states) == {"aaaa", "bbbb"}
+    for r in ("prefill", "decode"):
+        assert states["bbbb"].role(r).ready == share[r]  # type: ignore[arg-type]
+        assert states["aaaa"].role(r).pods <= a.replicas(r)  # type: ignore[arg-type]
+    assert states["aaaa"].serving and states["bbbb"].serving
+    # Held means held: more ticks change nothing.
+    again = run(sim, monitor, b, rng, policy=canary, max_ticks=5)
+    assert all(step.outcome == "Held" for _, _, step in again.steps)
+    # Promotion: the canary leaves the policy and the rollout completes.
+    assert run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
+    assert_only(sim, "bbbb")
+
+
+def test_canary_routers_realise_the_share() -> None:
+    assert planner.canary_routers(1, 25) == 3  # 1 of 4 endpoints: 25%
+    assert planner.canary_routers(1, 50) == 1
+    assert planner.canary_routers(2, 10) == 18
+    assert planner.canary_routers(1, 1) == planner.MAX_CANARY_ROUTERS
+    assert planner.canary_replicas(Target("b", 8, 3, 1), 25) == {"prefill": 2, "decode": 1}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    fail_after=st.integers(0, 25),
+)
+def test_rollback_of_a_failing_revision_from_any_state_keeps_the_old_floor(
+    a: Target, b: Target, policy: Policy, seed: int, fail_after: int
+) -> None:
+    """The new revision's engines never get ready (they refuse their config); the roll is
+    rolled back at any tick: the old revision returns to its target, never below its floor."""
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a, failing={"bbbb"})
+    monitor = InvariantMonitor(policy)
+    run(sim, monitor, b, rng, max_ticks=fail_after)
+    rollback = replace(a, prefill=b.prefill, decode=b.decode, router=b.router)
+    trace = run(sim, monitor, rollback, rng, max_ticks=MAX_TICKS)
+    assert trace.complete
+    assert_only(sim, "aaaa")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    at=st.integers(0, 25),
+    prefill=replicas,
+    decode=replicas,
+)
+def test_scaling_mid_roll_is_honoured_without_restarting_it(
+    a: Target, b: Target, policy: Policy, seed: int, at: int, prefill: int, decode: int
+) -> None:
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a)
+    monitor = InvariantMonitor(policy)
+    if run(sim, monitor, b, rng, max_ticks=at).complete:
+        return
+    created = {s.revision: s.created for s in sim.observe()}
+    scaled = replace(b, prefill=prefill, decode=decode)
+    assert run(sim, monitor, scaled, rng, max_ticks=MAX_TICKS).complete
+    assert_only(sim, "bbbb")
+    final = sim.observe()[0]
+    assert (final.prefill.replicas, final.decode.replicas) == (prefill, decode)
+    if "bbbb" in created:
+        assert final.created == created["bbbb"], "the roll restarted (a new revision object)"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(a=targets("aaaa"), seed=st.integers(0, 2**32), drain=st.integers(0, 5))
+def test_a_full_cluster_rolls_pair_by_pair_with_max_surge_zero(
+    a: Target, seed: int, drain: int
+) -> None:
+    """Every GPU taken: no pod beyond the target can be scheduled. maxSurge 0, maxUnavailable 1
+    completes (one-replica roles included); maxSurge 1, maxUnavailable 0 waits forever."""
+    capacity = {"prefill": a.prefill, "decode": a.decode}
+    b = replace(a, revision="bbbb")
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a, capacity=capacity)
+    assert run(sim, InvariantMonitor(Policy(0, 1, drain)), b, rng, max_ticks=MAX_TICKS).complete
+    assert_only(sim, "bbbb")
+
+    sim = SimCluster.serving("aaaa", a, capacity=capacity)
+    stuck = run(sim, InvariantMonitor(Policy(1, 0, drain)), b, rng, max_ticks=200)
+    assert not stuck.complete
+    states = {s.revision: s for s in sim.observe()}
+    assert states["aaaa"].serving
+    assert states["aaaa"].prefill.ready == a.prefill and states["aaaa"].decode.ready == a.decode

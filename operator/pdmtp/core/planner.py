@@ -8,7 +8,15 @@ a `Step`: every revision's replicas, and an outcome, as LWS's DisaggregatedSet p
   or terminating, a drain running);
 - `Complete`: the target revision alone runs, at its replicas, all ready and serving;
 - `Blocked`: nothing changes and nothing is under way, so waiting cannot help; `reason` says why
-  (an incompatible spec, or a policy that allows no move).
+  (an incompatible spec, or a policy that allows no move);
+- `Paused`: the policy froze the rollout: nothing moves but drains already started, which finish;
+- `Held`: a canary reached its share next to the old revision and waits for promotion.
+
+A canary (`Policy.canary_percent`) rolls the new revision to that share of each role's replicas
+(at least one pod) while the most established serving revision (the anchor) keeps the rest and
+its traffic; the anchor's routers are scaled so the new revision's routers are that share of
+the client Service's endpoints (`canary_routers`). Promotion drops the canary from the policy
+and the rollout goes on from where it holds.
 
 The invariants it keeps (docs/design.md, "Rollout invariants"):
 
@@ -46,13 +54,16 @@ first shrinks A to 1 (spare 2 - 1 = 1), freeing room: one pair is replaced at a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
 
-Outcome = Literal["Progress", "Complete", "Blocked"]
+Outcome = Literal["Progress", "Complete", "Blocked", "Paused", "Held"]
+MAX_CANARY_ROUTERS = 20
+"""The anchor's routers during a canary hold are capped: routers are cheap, not free."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,9 @@ class Policy:
     max_surge: int
     max_unavailable: int
     drain_seconds: int
+    paused: bool = False
+    canary_percent: int | None = None
+    """Hold at this share of the new revision until promoted (None: no canary, or promoted)."""
 
 
 @dataclass(frozen=True)
@@ -189,6 +203,16 @@ def availability_floor(target: Target, policy: Policy) -> dict[EngineRole, int]:
     return floor
 
 
+def canary_replicas(target: Target, percent: int) -> dict[EngineRole, int]:
+    """Each role's share of the new revision during a canary: at least one pod."""
+    return {r: max(1, math.ceil(target.replicas(r) * percent / 100)) for r in ENGINE_ROLES}
+
+
+def canary_routers(routers: int, percent: int) -> int:
+    """The anchor's routers that give the canary's `routers` `percent` of all router endpoints."""
+    return min(MAX_CANARY_ROUTERS, max(routers, round(routers * (100 - percent) / percent)))
+
+
 def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now: float) -> Step:
     """One step of the rollout towards `target` (see the module docstring)."""
     if target.revision is None:
@@ -198,19 +222,78 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
             "Blocked",
             "the spec is incompatible: no new revision starts",
         )
+    if policy.paused:
+        return _paused(observed, target, now)
 
     update = next((s for s in observed if s.revision == target.revision), None)
     if update is None:
         update = RevisionState(target.revision, created=now)
     olds = sorted((s for s in observed if s.revision != target.revision), key=establishment)
+    return _plan(update, olds, target, policy, now, _hold(olds, target, policy))
 
-    # 1. Scale the update revision up within the surge budget.
+
+@dataclass(frozen=True)
+class _Hold:
+    """A canary hold: the new revision's share, and what the anchor keeps."""
+
+    anchor: str
+    share: dict[EngineRole, int]
+    keep: dict[EngineRole, int]
+    routers: int
+
+
+def _hold(olds: Sequence[RevisionState], target: Target, policy: Policy) -> _Hold | None:
+    if policy.canary_percent is None:
+        return None
+    serving = [s for s in olds if s.serving and not s.draining]
+    if not serving:
+        return None  # nothing to hold next to: a plain rollout
+    anchor = max(serving, key=establishment)
+    share = canary_replicas(target, policy.canary_percent)
+    keep: dict[EngineRole, int] = {}
+    for r in ENGINE_ROLES:
+        room = target.replicas(r) + policy.max_surge - share[r]
+        keep[r] = min(max(1, target.replicas(r) - share[r]), room, anchor.role(r).replicas)
+        if keep[r] < 1:
+            return None  # no room for both revisions: the canary degenerates to a rollout
+    routers = canary_routers(target.router, policy.canary_percent)
+    return _Hold(anchor.revision, share, keep, routers)
+
+
+def _paused(observed: Sequence[RevisionState], target: Target, now: float) -> Step:
+    """Frozen: every revision as it is, but a drain that already ran out retires."""
+    plans = []
+    for s in observed:
+        keep = unchanged(s)
+        if s.revision != target.revision and s.draining and not s.serving:
+            assert s.drain_until is not None
+            if now >= s.drain_until and s.router.pods == 0:
+                keep = replace(keep, router=0, delete=True)
+        plans.append(keep)
+    return Step(tuple(plans), "Paused", "spec.rollout.paused is set")
+
+
+def _plan(
+    update: RevisionState,
+    olds: Sequence[RevisionState],
+    target: Target,
+    policy: Policy,
+    now: float,
+    hold: _Hold | None,
+) -> Step:
+    assert target.revision is not None
+    goal = {r: target.replicas(r) if hold is None else hold.share[r] for r in ENGINE_ROLES}
+
+    # 1. Scale the update revision up within the surge budget (to its share, in a canary).
     ceiling = {r: target.replicas(r) + policy.max_surge for r in ENGINE_ROLES}
     update_replicas: dict[EngineRole, int] = {}
     for r in ENGINE_ROLES:
         others = sum(max(s.role(r).replicas, s.role(r).pods) for s in olds)
         allowed = ceiling[r] - others
-        update_replicas[r] = min(target.replicas(r), max(update.role(r).replicas, allowed, 0))
+        update_replicas[r] = min(goal[r], max(update.role(r).replicas, allowed, 0))
+        if update.draining and update.drain_until is not None and now < update.drain_until:
+            # Rolled back to while its drain runs: its pods may still finish requests.
+            update_replicas[r] = max(update_replicas[r], update.role(r).replicas)
 
     # 2. Shrink, un-route and retire old revisions, least established first (invariant 5).
     floor = availability_floor(target, policy)
@@ -221,7 +304,11 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
     requeue: float | None = None
     may_unroute = True
     for old in olds:
-        old_plan, available = _step_old(old, available, floor, policy, now, may_unroute)
+        anchor = hold is not None and old.revision == hold.anchor
+        least = hold.keep if hold is not None and anchor else None
+        old_plan, available = _step_old(old, available, floor, policy, now, may_unroute, least)
+        if hold is not None and anchor:
+            old_plan = replace(old_plan, router=hold.routers)
         old_plans.append(old_plan)
         # A more established revision keeps its traffic until every less established one
         # has lost its own (invariant 5).
@@ -238,17 +325,26 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
                 update_replicas[r] = 1
 
     # 4. Route to the update revision once it pairs a ready prefill with a ready decode.
+    # A revision rolled back to keeps its drain mark until the drain is over: its pods that
+    # served before may still finish requests, so none goes earlier (invariant 4).
+    draining = update.drain_until if update.draining and now < (update.drain_until or 0) else None
+    if draining is not None:
+        wait = draining - now
+        requeue = wait if requeue is None else min(requeue, wait)
     update_plan = RevisionPlan(
         target.revision,
         update_replicas["prefill"],
         update_replicas["decode"],
         target.router if pairable else 0,
+        drain_until=draining,
     )
     plans = (*old_plans, update_plan)
 
+    if hold is not None and _held(update, olds, hold):
+        return Step(plans, "Held", f"canary holds next to {hold.anchor}", requeue)
     if _complete(update, olds, target):
         return Step(plans, "Complete", requeue_after=requeue)
-    if _moves(plans, observed) or _under_way(update, olds):
+    if _moves(plans, (*olds, update)) or _under_way(update, olds):
         return Step(plans, "Progress", requeue_after=requeue)
     return Step(plans, "Blocked", _why_blocked(policy), requeue)
 
@@ -262,6 +358,19 @@ def _wedged(olds: Sequence[RevisionState], old_plans: Sequence[RevisionPlan]) ->
         sum(o.routed and not o.draining for o in olds) >= 2
         and not any(o.draining for o in olds)
         and all(p == unchanged(o) for p, o in zip(old_plans, olds, strict=True))
+    )
+
+
+def _held(update: RevisionState, olds: Sequence[RevisionState], hold: _Hold) -> bool:
+    """The canary share serves and the anchor is down to what it keeps; nothing else is left."""
+    anchor = next(o for o in olds if o.revision == hold.anchor)
+    return (
+        len(olds) == 1
+        and update.serving
+        and all(update.role(r).ready == update.role(r).pods == hold.share[r] for r in ENGINE_ROLES)
+        and all(
+            anchor.role(r).pods == anchor.role(r).replicas == hold.keep[r] for r in ENGINE_ROLES
+        )
     )
 
 
@@ -307,8 +416,10 @@ def _step_old(
     policy: Policy,
     now: float,
     may_unroute: bool,
+    least: dict[EngineRole, int] | None = None,
 ) -> tuple[RevisionPlan, dict[EngineRole, int]]:
-    """The plan for one old revision and the availability left after it."""
+    """The plan for one old revision and the availability left after it; `least` (a canary's
+    anchor) is what it keeps serving with: never un-routed, never below it."""
     keep = unchanged(old)
     if old.draining:
         # Invariant 4: pods stay until the drain ends and the router's pods are gone. The drain
@@ -325,7 +436,7 @@ def _step_old(
         return replace(keep, prefill=0, decode=0, router=0, delete=True), available
 
     without = {r: available[r] - (old.role(r).ready if old.serving else 0) for r in ENGINE_ROLES}
-    if may_unroute and all(without[r] >= floor[r] for r in ENGINE_ROLES):
+    if least is None and may_unroute and all(without[r] >= floor[r] for r in ENGINE_ROLES):
         # Everything else carries the floor: stop routing here and start the drain. Its pods
         # are left alone in this step; they go when the drain ends.
         return replace(keep, router=0, drain_until=now + policy.drain_seconds), without
@@ -336,8 +447,9 @@ def _step_old(
         state = old.role(r)
         spare = max(left[r] - floor[r], 0) if old.serving else state.ready
         # Keep one pod of each role while the router may still send it traffic (invariant 4).
-        removable = min(spare, max(state.ready - 1, 0))
-        replicas[r] = max(1, min(state.replicas, state.ready - removable))
+        kept = 1 if least is None else least[r]
+        removable = min(spare, max(state.ready - kept, 0))
+        replicas[r] = max(kept, min(state.replicas, state.ready - removable))
         if old.serving:
             left[r] -= removable
     return replace(keep, prefill=replicas["prefill"], decode=replicas["decode"]), left

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, ROLES
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.planner import RevisionState, RoleState, Step, Target, plan
+from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, plan
 
 _pod_names = itertools.count()
 
@@ -25,6 +26,8 @@ class SimPod:
     terminating_for: int | None = None
     """Ticks left before a terminating pod is gone; None while it runs."""
     name: str = field(default_factory=lambda: f"pod-{next(_pod_names)}")
+    scheduled: bool = True
+    """Holds a node's capacity; with limited capacity a new pod waits unscheduled, never ready."""
 
 
 @dataclass
@@ -62,17 +65,35 @@ class SimRevision:
 
 
 class SimCluster:
-    """Deployments and pods of one PDDeployment, advanced in ticks of one second."""
+    """Deployments and pods of one PDDeployment, advanced in ticks of one second.
 
-    def __init__(self, terminate_ticks: int = 1) -> None:
+    `capacity` bounds each engine role's scheduled pods (a full cluster: terminating pods hold
+    their GPUs); `failing` revisions never get a ready engine pod (an engine that refuses its
+    config or crash-loops).
+    """
+
+    def __init__(
+        self,
+        terminate_ticks: int = 1,
+        capacity: dict[str, int] | None = None,
+        failing: set[str] | None = None,
+    ) -> None:
         self.now = 0.0
         self.revisions: dict[str, SimRevision] = {}
         self.terminate_ticks = terminate_ticks
+        self.capacity = capacity or {}
+        self.failing = failing or set()
 
     @classmethod
-    def serving(cls, revision: str, target: Target) -> SimCluster:
+    def serving(
+        cls,
+        revision: str,
+        target: Target,
+        capacity: dict[str, int] | None = None,
+        failing: set[str] | None = None,
+    ) -> SimCluster:
         """A cluster where `revision` already runs at `target`, all ready and routed."""
-        sim = cls()
+        sim = cls(capacity=capacity, failing=failing)
         rev = SimRevision(revision, created=-1.0)
         counts = {"prefill": target.prefill, "decode": target.decode, "router": target.router}
         for role, n in counts.items():
@@ -119,22 +140,33 @@ class SimCluster:
             for workload in rev.workloads.values():
                 active = workload.active()
                 for _ in range(workload.replicas - len(active)):
-                    workload.pods.append(SimPod())
+                    workload.pods.append(SimPod(scheduled=False))
                 surplus = len(active) - workload.replicas
                 for pod in sorted(active, key=lambda p: p.ready)[: max(surplus, 0)]:
                     pod.ready = False
                     pod.terminating_for = self.terminate_ticks
 
+    def schedule(self) -> None:
+        """The scheduler: pending pods take free capacity, oldest revision first."""
+        for role in ROLES:
+            pods = [p for r in self.revisions.values() for p in r.workloads[role].pods]
+            room = self.capacity.get(role, len(pods)) - sum(p.scheduled for p in pods)
+            for pod in pods:
+                if not pod.scheduled and pod.terminating_for is None and room > 0:
+                    pod.scheduled, room = True, room - 1
+
     def advance(self, rng: random.Random, ready_chance: float = 0.5) -> None:
         """One second passes: some pods become ready, terminating pods count down."""
         self.now += 1.0
+        self.schedule()
         for rev in self.revisions.values():
-            for workload in rev.workloads.values():
+            for role, workload in rev.workloads.items():
+                fails = rev.revision in self.failing and role != "router"
                 for pod in workload.pods:
                     if pod.terminating_for is not None:
                         pod.terminating_for -= 1
-                    elif not pod.ready and rng.random() < ready_chance:
-                        pod.ready = True
+                    elif not pod.ready and pod.scheduled and not fails:
+                        pod.ready = rng.random() < ready_chance
                 workload.pods = [
                     p for p in workload.pods if p.terminating_for is None or p.terminating_for > 0
                 ]
@@ -165,20 +197,26 @@ def run(
     target: Target,
     rng: random.Random,
     *,
+    policy: Policy | None = None,
     max_ticks: int = 2000,
     ready_chance: float = 0.5,
     trace: Trace | None = None,
+    until: Callable[[Step], bool] | None = None,
 ) -> Trace:
-    """Drive the planner until the rollout to `target` completes, checking every moment."""
+    """Drive the planner until the rollout to `target` completes (or `until` says stop),
+    checking every moment. `policy` (default: the monitor's) may pause or hold the rollout; the
+    monitor's bounds stay those of its own policy."""
     trace = trace if trace is not None else Trace()
     monitor.retarget(sim.observe(), target)
     check(monitor, sim, "start")
     for _ in range(max_ticks):
         observed = sim.observe()
-        step = plan(observed, target, monitor.policy, sim.now)
+        step = plan(observed, target, policy or monitor.policy, sim.now)
         trace.steps.append((sim.now, observed, step))
         if step.complete:
             trace.complete = True
+            return trace
+        if until is not None and until(step):
             return trace
         sim.apply(step)
         check(monitor, sim, "after the planner's step")
