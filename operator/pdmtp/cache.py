@@ -62,6 +62,11 @@ def child_kinds(api: client.ApiClient) -> list[Kind]:
             net.list_network_policy_for_all_namespaces,
             net.list_namespaced_network_policy,
         ),
+        Kind(
+            "ControllerRevision",
+            apps.list_controller_revision_for_all_namespaces,
+            apps.list_namespaced_controller_revision,
+        ),
     ]
 
 

@@ -7,7 +7,7 @@ import json
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -262,26 +262,62 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 f"decode {start.decode}->{target.decode}."
             )
         return 0
-    sim = SimCluster.serving(start.revision, start)
+    revisions = [start.revision, target.revision]
+    failing = {target.revision} if args.fail_after is not None else set()
+    sim = SimCluster.serving(start.revision, start, failing=failing)
     monitor = InvariantMonitor(policy)
+    rng = random.Random(args.seed)
     trace = Trace()
+    canary = new.spec.rollout.canary
     try:
-        run(
-            sim,
-            monitor,
-            target,
-            random.Random(args.seed),
-            ready_chance=args.ready_chance,
-            trace=trace,
-        )
+        if canary is not None:
+            held = replace(policy, canary_percent=canary.percent)
+            run(
+                sim,
+                monitor,
+                target,
+                rng,
+                policy=held,
+                ready_chance=args.ready_chance,
+                trace=trace,
+                until=lambda step: step.outcome == "Held",
+            )
+            print(format_trace(trace, revisions))
+            if trace.steps and trace.steps[-1][2].outcome == "Held":
+                print(
+                    f"Canary holds: {target.revision} serves {canary.percent}% of each role next "
+                    f"to {start.revision}; `pdmtp rollout promote` continues:"
+                )
+            trace = Trace()
+        if args.fail_after is not None:
+            run(
+                sim,
+                monitor,
+                target,
+                rng,
+                max_ticks=args.fail_after,
+                ready_chance=args.ready_chance,
+                trace=trace,
+            )
+            print(format_trace(trace, revisions))
+            print(
+                f"{target.revision} fails (its engines never get ready); rolling back "
+                f"to {start.revision}:"
+            )
+            back = replace(start, prefill=target.prefill, decode=target.decode)
+            trace = Trace()
+            run(sim, monitor, back, rng, ready_chance=args.ready_chance, trace=trace)
+        else:
+            run(sim, monitor, target, rng, ready_chance=args.ready_chance, trace=trace)
     except InvariantViolation as e:
-        print(format_trace(trace, [start.revision, target.revision]))
+        print(format_trace(trace, revisions))
         print(f"INVARIANT VIOLATED: {e}")
         return 3
-    print(format_trace(trace, [start.revision, target.revision]))
+    print(format_trace(trace, revisions))
     status = "completed" if trace.complete else "did not complete"
+    what = "Rollback" if args.fail_after is not None else "Paired rollout"
     print(
-        f"Paired rollout {start.revision} -> {target.revision} {status} in "
+        f"{what} {start.revision} -> {target.revision} {status} in "
         f"{len(trace.steps)} steps (maxSurge {policy.max_surge}, maxUnavailable "
         f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 held "
         "at every step."
@@ -324,6 +360,33 @@ def cmd_run(args: argparse.Namespace) -> int:
             addr=addr, port=int(port), host=args.webhook_host or addr, manage=args.webhook_manage
         )
     run(kube, options, metrics, liveness=args.liveness or None, webhook=webhook)
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    # Imported here: the offline commands must not need a cluster client.
+    from pdmtp import rolloutctl
+    from pdmtp.kube import Kube, load_client
+
+    try:
+        api = Kube(load_client(args.kubeconfig))
+    except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
+        raise UnusableInput(f"no cluster to talk to: {e}") from e
+    ns, name = args.namespace, args.name
+    try:
+        if args.action == "status":
+            return rolloutctl.status(api, ns, name, args.timeout)
+        if args.action in ("pause", "resume"):
+            print(rolloutctl.pause(api, ns, name, paused=args.action == "pause"))
+        elif args.action == "promote":
+            print(rolloutctl.promote(api, ns, name))
+        elif args.action == "undo":
+            print(rolloutctl.undo(api, ns, name, args.to_revision))
+        elif args.action == "history":
+            print(rolloutctl.format_history(rolloutctl.history(api, ns, name)))
+    except rolloutctl.RolloutError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INCOMPATIBLE
     return 0
 
 
@@ -376,7 +439,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.6,
         help="chance a starting pod turns ready each simulated second",
     )
+    p.add_argument(
+        "--fail-after",
+        type=int,
+        metavar="SECONDS",
+        help="show the rollback path: the new revision fails after this many seconds",
+    )
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "rollout",
+        help="rollout control: status, pause, resume, promote, undo, history (kubectl style)",
+    )
+    p.add_argument("action", choices=("status", "pause", "resume", "promote", "undo", "history"))
+    p.add_argument("name", metavar="NAME", help="the PDDeployment")
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
+    p.add_argument(
+        "--timeout", type=float, default=0, help="status: give up after this many seconds (0: wait)"
+    )
+    p.add_argument("--to-revision", type=int, help="undo: the recorded revision number")
+    p.set_defaults(func=cmd_rollout)
 
     p = sub.add_parser("run", help="run the operator")
     scope = p.add_mutually_exclusive_group()

@@ -193,7 +193,7 @@ class Controller:
         children = self.store.children(namespace, name)
         others = [
             o
-            for kind in ("Service", "NetworkPolicy", "ServiceAccount")
+            for kind in ("Service", "NetworkPolicy", "ServiceAccount", "ControllerRevision")
             for o in children.get(kind, [])
         ]
         return Observed(body, children.get("Deployment", []), children.get("Pod", []), others)

@@ -31,6 +31,7 @@ RESOURCES: Mapping[str, tuple[str, str]] = {
     "Service": ("/api/v1", "services"),
     "ServiceAccount": ("/api/v1", "serviceaccounts"),
     "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
+    "ControllerRevision": ("/apis/apps/v1", "controllerrevisions"),
     v.KIND: (f"/apis/{v.API_VERSION}", v.PLURAL),
 }
 
@@ -128,6 +129,31 @@ class Kube:
                 log.info("Retrying after %s (attempt %d, %.2fs)", e.status, attempt + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")
+
+    # ---- reads (the CLI's; the operator reads its caches) ----------------------------------
+
+    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self._request("GET", path(kind, namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def list_objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+        result = self._request(
+            "GET", path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
+        )
+        items: list[dict[str, Any]] = result.get("items") or []
+        return items
+
+    def patch(
+        self, kind: str, namespace: str, name: str, body: Any, content_type: str
+    ) -> dict[str, Any]:
+        return self._request(
+            "PATCH", path(kind, namespace, name), body=body, content_type=content_type
+        )
 
     # ---- writes ---------------------------------------------------------------------------
 

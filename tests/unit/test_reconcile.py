@@ -73,7 +73,11 @@ def split(objs: dict[str, dict[str, Any]]) -> tuple[list[Any], list[Any]]:
 def test_create_renders_everything_and_waits_for_ready_pods() -> None:
     d = decide(Observed(body(pdd("x"))), NOW)
     kinds = sorted(a.key.split("/")[0] for a in d.actions if isinstance(a, Apply))
-    assert kinds == ["Deployment"] * 3 + ["NetworkPolicy", "Service", "ServiceAccount"]
+    assert kinds == ["ControllerRevision"] + ["Deployment"] * 3 + [
+        "NetworkPolicy",
+        "Service",
+        "ServiceAccount",
+    ]
     router = next(
         a.manifest
         for a in d.actions

@@ -120,6 +120,31 @@ ROLLOUT_BLOCKED: Final = _reason(
 PODS_UNSCHEDULABLE: Final = _reason(
     PROGRESSING, "PodsUnschedulable", "The scheduler cannot place the update revision's pods."
 )
+PAUSED: Final = _reason(
+    PROGRESSING, "Paused", "spec.rollout.paused: the rollout is frozen (status Unknown)."
+)
+CANARY_HOLD: Final = _reason(
+    PROGRESSING,
+    "CanaryHold",
+    "The new revision serves its canary share next to the old one; promote it (status Unknown).",
+)
+PROGRESS_DEADLINE_EXCEEDED: Final = _reason(
+    PROGRESSING,
+    "ProgressDeadlineExceeded",
+    "No progress for spec.rollout.progressDeadlineSeconds; the message says what it waits for.",
+)
+ROLLOUT_FAILED: Final = _reason(
+    PROGRESSING,
+    "RolloutFailed",
+    "The new revision failed (an engine refused its config or crash-loops) and onFailure is "
+    "Hold, or nothing older serves: the rollout stays where it is.",
+)
+ROLLOUT_ABORTED: Final = _reason(
+    PROGRESSING,
+    "RolloutAborted",
+    "The rollout to the spec's revision was rolled back (see Degraded); a new spec change "
+    "starts a new rollout.",
+)
 CHILD_REJECTED: Final = _reason(
     PROGRESSING,
     "ChildRejected",
@@ -145,6 +170,12 @@ ENGINE_REFUSED_CONFIG: Final = _reason(
 ENGINE_TERMINATED: Final = _reason(
     DEGRADED, "EngineTerminated", "An engine container ended with an error and a message."
 )
+ROLLED_BACK: Final = _reason(
+    DEGRADED,
+    "RolledBack",
+    "The new revision failed and was scaled away; the old one serves. The spec is unchanged: a "
+    "new spec change starts a new rollout.",
+)
 
 # Events (besides a condition's reason, which its transitions are posted under).
 CREATED: Final = _reason(EVENT, "Created", "A child object was created.")
@@ -161,9 +192,22 @@ TRAFFIC_STOPPED: Final = _reason(
 REVISION_RETIRED: Final = _reason(
     EVENT, "RevisionRetired", "A drained revision's workloads were deleted."
 )
+ROLLBACK_STARTED: Final = _reason(
+    EVENT, "RollbackStarted", "The new revision failed: rolling back to the old one (a Warning)."
+)
+PROMOTED: Final = _reason(EVENT, "Promoted", "A canary revision was promoted; the rollout goes on.")
 
 
-WARNING_REASONS: Final = frozenset({CHILD_REJECTED, PODS_REJECTED, ROLLOUT_BLOCKED})
+WARNING_REASONS: Final = frozenset(
+    {
+        CHILD_REJECTED,
+        PODS_REJECTED,
+        ROLLOUT_BLOCKED,
+        PROGRESS_DEADLINE_EXCEEDED,
+        ROLLOUT_FAILED,
+        ROLLED_BACK,
+    }
+)
 """Reasons whose condition, whenever it appears or changes its message, is a Warning event."""
 
 

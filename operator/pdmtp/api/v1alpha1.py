@@ -425,6 +425,20 @@ class RouterSpec(Model):
     )
 
 
+class CanarySpec(Model):
+    """Hold a paired rollout with the new revision serving a share next to the old one."""
+
+    percent: int = Field(
+        ge=1,
+        le=99,
+        description=(
+            "Share of each role's replicas the new revision runs while held (at least one pod "
+            "per role); the old revision keeps the rest and its routers are scaled so that the "
+            "new revision's routers are this share of the client Service's endpoints."
+        ),
+    )
+
+
 class RolloutSpec(Model):
     """How a paired (both roles) or role-local rollout proceeds."""
 
@@ -452,6 +466,31 @@ class RolloutSpec(Model):
         ge=0,
         le=3600,
         description="Seconds an old revision keeps its pods after its router stops taking traffic.",
+    )
+    progress_deadline_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description=(
+            "Seconds a paired rollout may make no progress (no new ready pod, no old pod gone) "
+            "before it fails with ProgressDeadlineExceeded."
+        ),
+    )
+    on_failure: Literal["Rollback", "Hold"] = Field(
+        default="Rollback",
+        description=(
+            "When the new revision fails (an engine refuses its config, crash-loops, or the "
+            "deadline passes) while an old revision serves: Rollback scales the new revision "
+            "away and keeps serving on the old one; Hold leaves the rollout where it is."
+        ),
+    )
+    paused: bool = Field(
+        default=False,
+        description="Freeze the rollout at its current step (drains already started finish).",
+    )
+    canary: CanarySpec | None = Field(
+        default=None,
+        description="Hold the rollout at a share of the new revision until it is promoted.",
     )
 
 
@@ -543,6 +582,15 @@ class PDDeploymentSpec(Model):
     placement: Placement | None = Field(
         default=None, description="Where a revision's prefill and decode pods land; role-local."
     )
+    revision_history_limit: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description=(
+            "Retired revisions whose spec is kept (a ControllerRevision each) for "
+            "`pdmtp rollout undo`."
+        ),
+    )
 
     def role(self, role: v.EngineRole) -> RoleSpec:
         """spec.prefill or spec.decode."""
@@ -596,6 +644,36 @@ class RevisionStatus(Model):
     routers: int = Field(description="Ready router pods.")
 
 
+class RolloutStatus(Model):
+    """Where the paired rollout to the update revision stands (the deadline's clock)."""
+
+    revision: str = Field(description="The revision being rolled to.")
+    phase: Literal[
+        "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
+    ] = Field(description="What the rollout is doing.")
+    started_at: str = Field(description="When the rollout to this revision started (RFC 3339).")
+    last_progress_at: str = Field(description="When it last made progress (RFC 3339).")
+    progress: str = Field(
+        description="What progress means here: ready new pods and remaining old pods."
+    )
+    failed_revision: str | None = Field(
+        default=None,
+        description="A revision that failed and was rolled back from; kept until the spec changes.",
+    )
+    rollback_revision: str | None = Field(
+        default=None, description="The revision the rollback returns to."
+    )
+    failure: str | None = Field(default=None, description="Why the revision failed.")
+    failed_generation: int | None = Field(
+        default=None,
+        description="metadata.generation that failed: any later spec change rolls again.",
+    )
+    canary_traffic_percent: int | None = Field(
+        default=None,
+        description="During a canary hold: the new revision's share of router endpoints.",
+    )
+
+
 class PDDeploymentStatus(Model):
     """Observed state, written by the operator once per reconcile."""
 
@@ -609,6 +687,9 @@ class PDDeploymentStatus(Model):
         default=None, description="The most established serving revision."
     )
     update_revision: str | None = Field(default=None, description="The revision the spec asks for.")
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The paired rollout's progress, deadline and failure state."
+    )
     prefill: str | None = Field(default=None, description="Ready/desired prefill pods (printer).")
     decode: str | None = Field(default=None, description="Ready/desired decode pods (printer).")
     roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")

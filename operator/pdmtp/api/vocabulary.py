@@ -39,6 +39,8 @@ ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
 """RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
 ANNOTATION_ROUTER_MEMBERSHIP: Final = f"{GROUP}/router-membership"
 """Token of the engines a router was started with: a change restarts the router (docs/router.md)."""
+ANNOTATION_PROMOTE: Final = f"{GROUP}/promote"
+"""On a PDDeployment: the canary revision a user promoted (`pdmtp rollout promote`)."""
 ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
 
 # Environment variables the rendered engine pods carry. The engine launcher (images/engine)

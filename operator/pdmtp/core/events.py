@@ -14,6 +14,7 @@ from pdmtp.core.actions import Action, Apply, Event, Scale
 from pdmtp.core.conditions import Transition
 from pdmtp.core.observe import format_time
 from pdmtp.core.planner import RevisionState, Step
+from pdmtp.core.rollout import Steering
 
 
 def transition_event(t: Transition) -> Event:
@@ -40,6 +41,25 @@ def condition_events(
             continue
         if (was.reason, was.message) != (c.reason, c.message):
             events.append(Event("Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
+    return events
+
+
+def rollout_events(steering: Steering) -> list[Event]:
+    """A rollback decided, a canary promoted."""
+    events = []
+    if steering.new_failure and steering.rolling_back:
+        events.append(
+            Event(
+                "Warning",
+                reasons.ROLLBACK_STARTED,
+                f"Rolling back from {steering.failed_revision} to {steering.rollback_revision}: "
+                f"{steering.failure}",
+            )
+        )
+    if steering.promoted:
+        events.append(
+            Event("Normal", reasons.PROMOTED, f"Promoted revision {steering.spec_revision}")
+        )
     return events
 
 

@@ -103,6 +103,27 @@ def engine_failures(pods: Iterable[Obj]) -> list[PodIssue]:
     return sorted(failures, key=lambda f: (f.revision, f.role, f.pod))
 
 
+CRASH_LOOP_RESTARTS = 3
+"""Restarts after which an engine container counts as crash-looping (the kubelet backs off)."""
+
+
+def crash_looping(pods: Iterable[Obj]) -> list[PodIssue]:
+    """Engine containers in CrashLoopBackOff or restarted CRASH_LOOP_RESTARTS times."""
+    out = []
+    for pod in pods:
+        if labels_of(pod).get(v.LABEL_ROLE) not in v.ENGINE_ROLES or is_terminating(pod):
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (status.get("state") or {}).get("waiting") or {}
+            restarts = int(status.get("restartCount") or 0)
+            if waiting.get("reason") == "CrashLoopBackOff" or restarts >= CRASH_LOOP_RESTARTS:
+                ended = (status.get("lastState") or {}).get("terminated") or {}
+                detail = ended.get("message") or ended.get("reason") or waiting.get("reason")
+                out.append(_issue(pod, f"{restarts} restarts, last: {detail or 'no message'}"))
+                break
+    return sorted(out, key=lambda c: (c.revision, c.role, c.pod))
+
+
 def unschedulable(pods: Iterable[Obj]) -> list[PodIssue]:
     """Pods the scheduler cannot place (no node has the GPUs, say)."""
     out = []

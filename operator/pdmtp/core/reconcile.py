@@ -20,10 +20,11 @@ from functools import cached_property
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentStatus
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentStatus, RolloutStatus
 from pdmtp.core import names, status
 from pdmtp.core.actions import (
     Action,
+    Apply,
     Delete,
     Event,
     Rejection,
@@ -31,20 +32,25 @@ from pdmtp.core.actions import (
     apply_if_drifted,
     key_of,
 )
-from pdmtp.core.agreement import Agreement
-from pdmtp.core.events import action_events, condition_events, revision_events
+from pdmtp.core.agreement import Agreement, check
+from pdmtp.core.events import action_events, condition_events, revision_events, rollout_events
+from pdmtp.core.history import Recorded, history_actions, latest_spec, recorded
 from pdmtp.core.observe import (
+    annotations_of,
+    crash_looping,
     engine_failures,
     format_time,
     labels_of,
+    parse_time,
     rejected_pods,
     revision_membership,
     revision_states,
     unschedulable,
 )
-from pdmtp.core.planner import Policy, RevisionPlan, Target, plan
+from pdmtp.core.planner import Policy, RevisionPlan, Step, Target, plan
 from pdmtp.core.render import engine_deployment, router_deployment, shared_children
 from pdmtp.core.revision import target_and_policy
+from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
 from pdmtp.core.validation import validate
 
 Obj = Mapping[str, Any]
@@ -85,6 +91,8 @@ class _Inputs:
     stamp: str
     retired: frozenset[str]
     revision_keys: Mapping[str, frozenset[str]]
+    steering: Steering
+    record: RolloutStatus | None
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,13 @@ class Decision:
             i.seen,
             i.stamp,
             refused,
+            i.steering,
+            i.record,
         )
         written = status.as_dict(new)
         keys = {r.key for r in refused}
         events = [
+            *rollout_events(i.steering),
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
             *action_events(self.actions, keys),
             *condition_events(transitions, i.old.conditions, new.conditions),
@@ -158,13 +169,19 @@ def decide(observed: Observed, now: float) -> Decision:
         unusable = Report(written, written != _without_none(raw_status), events)
         return Decision((), None, None, _unusable=unusable)
     pdd, agreement = verdict.pdd, verdict.agreement
-    target, policy = target_and_policy(pdd.spec, agreement)
+    spec_target, spec_policy = target_and_policy(pdd.spec, agreement)
 
-    # 2. Observe.
+    # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
     name = pdd.metadata.name
     mine = [d for d in observed.deployments if labels_of(d).get(v.LABEL_NAME) == name]
     pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
     states = revision_states(mine, pods)
+    health = Health(engine_failures(pods), crash_looping(pods), unschedulable(pods))
+    promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
+    steering = steer(
+        pdd.spec, spec_target, spec_policy, states, health, old.rollout, now, promoted, generation
+    )
+    target, policy = steering.target, steering.policy
 
     # 3. Plan.
     step = plan(states, target, policy, now)
@@ -175,19 +192,26 @@ def decide(observed: Observed, now: float) -> Decision:
     actions: list[Action] = []
     if agreement.compatible:
         actions += [a for m in shared_children(pdd) if (a := apply_if_drifted(m, existing))]
+    history = recorded(observed.others, name)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
     for p in step.revisions:
-        revision_actions = _revision_actions(pdd, p, target, agreement, existing, pods)
+        revision_actions = _revision_actions(
+            pdd, p, steering.spec_revision, agreement, existing, pods, history
+        )
         actions += revision_actions
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             retired.add(p.revision)
 
+    if steering.spec_revision is not None:
+        live = {s.revision for s in states}
+        actions += history_actions(pdd, steering.spec_revision, history, existing, live)
+
     # 5. Status and events come from `Decision.report`, after the shell's writes.
-    seen = status.Observations(
-        states, step, engine_failures(pods), unschedulable(pods), rejected_pods(mine)
-    )
+    seen = status.Observations(states, step, health.failures, health.waiting, rejected_pods(mine))
+    share = canary_traffic(states, target.revision) if step.outcome == "Held" else None
+    record = track(old.rollout, steering, step, states, now, share)
     inputs = _Inputs(
         pdd,
         generation,
@@ -200,8 +224,21 @@ def decide(observed: Observed, now: float) -> Decision:
         stamp,
         frozenset(retired),
         revision_keys,
+        steering,
+        record,
     )
-    return Decision(tuple(actions), step.requeue_after, agreement, inputs)
+    return Decision(tuple(actions), _requeue(step, record, pdd, now), agreement, inputs)
+
+
+def _requeue(
+    step: Step, record: RolloutStatus | None, pdd: PDDeployment, now: float
+) -> float | None:
+    """When to look again: a drain's end, or the progress deadline (no event may come)."""
+    waits = [step.requeue_after] if step.requeue_after is not None else []
+    if record is not None and record.phase == "Progressing":
+        since = parse_time(record.last_progress_at) or now
+        waits.append(max(0.0, since + pdd.spec.rollout.progress_deadline_seconds - now))
+    return min(waits) if waits else None
 
 
 def _without_none(data: Any) -> Any:
@@ -216,10 +253,11 @@ def _without_none(data: Any) -> Any:
 def _revision_actions(
     pdd: PDDeployment,
     p: RevisionPlan,
-    target: Target,
+    spec_revision: str | None,
     agreement: Agreement,
     existing: Mapping[str, Obj],
     pods: Sequence[Obj],
+    history: Sequence[Recorded],
 ) -> list[Action]:
     name = pdd.metadata.name
     if p.delete:
@@ -229,16 +267,25 @@ def _revision_actions(
             if f"Deployment/{names.workload(name, p.revision, r)}" in existing
         ]
     actions: list[Action] = []
-    if p.revision == target.revision:
+    if p.revision == spec_revision:
         for role in v.ENGINE_ROLES:
             manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), agreement)
             if change := apply_if_drifted(manifest, existing):
                 actions.append(change)
     else:
-        # An old revision's template is history (the spec no longer describes it): only scale.
+        # Another revision's template is history: only scale it. A deleted one is re-created
+        # from its recorded spec where there is one.
+        old_spec = None
         for role in v.ENGINE_ROLES:
             current = existing.get(f"Deployment/{names.workload(name, p.revision, role)}")
             if current is None:
+                old_spec = old_spec or latest_spec(history, p.revision)
+                if old_spec is not None and p.replicas(role) > 0:
+                    old = pdd.model_copy(update={"spec": old_spec})
+                    manifest = engine_deployment(
+                        old, p.revision, role, p.replicas(role), check(old_spec)
+                    )
+                    actions.append(Apply(manifest, exists=False))
                 continue
             was = int((current.get("spec") or {}).get("replicas") or 0)
             if was != p.replicas(role):

@@ -21,6 +21,7 @@ from pdmtp.api.v1alpha1 import (
     PDDeploymentStatus,
     RevisionStatus,
     RoleStatus,
+    RolloutStatus,
 )
 from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
@@ -28,6 +29,7 @@ from pdmtp.core.agreement import Agreement
 from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
 from pdmtp.core.observe import PodIssue
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
+from pdmtp.core.rollout import Steering
 
 Obj = Mapping[str, Any]
 
@@ -95,6 +97,8 @@ def progressing(
     target: Target,
     current: str | None,
     refused: Sequence[Rejection] = (),
+    steering: Steering | None = None,
+    record: RolloutStatus | None = None,
 ) -> ConditionUpdate:
     states, waiting = seen.states, seen.waiting
     if refused:
@@ -114,12 +118,52 @@ def progressing(
             "the spec is incompatible: no new revision starts"
             + (f"; {current} keeps serving" if current else ""),
         )
+    if steering is not None and steering.rolling_back:
+        failed, back = steering.failed_revision, steering.rollback_revision
+        if step.complete:
+            return ConditionUpdate(
+                reasons.PROGRESSING,
+                "False",
+                reasons.ROLLOUT_ABORTED,
+                f"rolled back to {back}: {failed} failed; change the spec to roll again",
+            )
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "True",
+            reasons.ROLLOUT_IN_PROGRESS,
+            f"rolling back from {failed} to {back}: {steering.failure}",
+        )
     if step.complete:
         return ConditionUpdate(
             reasons.PROGRESSING,
             "False",
             reasons.ROLLOUT_COMPLETE,
             f"revision {target.revision} is fully rolled out",
+        )
+    if steering is not None and steering.failure is not None:
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "False",
+            reasons.PROGRESS_DEADLINE_EXCEEDED if steering.deadline else reasons.ROLLOUT_FAILED,
+            f"rollout to {target.revision} failed: {steering.failure}",
+        )
+    if step.outcome == "Paused":
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "Unknown",
+            reasons.PAUSED,
+            f"rollout to {target.revision} is paused (spec.rollout.paused); resume with "
+            "`pdmtp rollout resume`",
+        )
+    if step.outcome == "Held":
+        share = record.canary_traffic_percent if record is not None else None
+        return ConditionUpdate(
+            reasons.PROGRESSING,
+            "Unknown",
+            reasons.CANARY_HOLD,
+            f"canary: revision {target.revision} serves next to {step.reason.rsplit(' ', 1)[-1]}"
+            + (f" with {share}% of the router endpoints" if share is not None else "")
+            + "; promote it with `pdmtp rollout promote`",
         )
     if step.blocked:
         return ConditionUpdate(
@@ -153,7 +197,15 @@ def progressing(
     )
 
 
-def degraded(failures: Sequence[PodIssue]) -> ConditionUpdate:
+def degraded(failures: Sequence[PodIssue], steering: Steering | None = None) -> ConditionUpdate:
+    if steering is not None and steering.failed_revision is not None:
+        return ConditionUpdate(
+            reasons.DEGRADED,
+            "True",
+            reasons.ROLLED_BACK,
+            f"revision {steering.failed_revision} failed and was rolled back; "
+            f"{steering.rollback_revision} serves: {steering.failure}",
+        )
     if not failures:
         return ConditionUpdate(
             reasons.DEGRADED,
@@ -255,16 +307,19 @@ def build(
     seen: Observations,
     now: str,
     refused: Sequence[Rejection] = (),
+    steering: Steering | None = None,
+    record: RolloutStatus | None = None,
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
     """The status for this reconcile (after its writes; `refused` are those the API server
     refused) and the conditions that flipped."""
-    update = target.revision or old.update_revision
+    spec_revision = steering.spec_revision if steering is not None else target.revision
+    update = spec_revision or old.update_revision
     current = current_revision(seen.states, old)
     updates = [
         config_compatible(agreement),
         available(seen.states, target, policy),
-        progressing(agreement, seen.step, seen, target, current, refused),
-        degraded(seen.failures),
+        progressing(agreement, seen.step, seen, target, current, refused, steering, record),
+        degraded(seen.failures, steering),
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
     roles = role_counts(seen.states, spec, update)
@@ -277,6 +332,7 @@ def build(
         ),
         current_revision=current,
         update_revision=update,
+        rollout=record,
         prefill=f"{roles[0].ready_replicas}/{spec.prefill.replicas}",
         decode=f"{roles[1].ready_replicas}/{spec.decode.replicas}",
         roles=roles,

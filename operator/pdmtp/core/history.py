@@ -1,0 +1,113 @@
+"""Revision history: the spec of every revision a PDDeployment ran, as ControllerRevisions owned
+by it (as StatefulSets and DaemonSets keep theirs). `pdmtp rollout undo` restores a spec from
+them, and a deleted Deployment of an old revision is re-created from its revision's spec.
+
+A ControllerRevision is immutable, so one is written per distinct spec: `<name>-<revision>-<h>`
+(h: a hash of the spec), numbered in the order they appear. Those of revisions with workloads are
+kept; of the rest, the newest `spec.revisionHistoryLimit` are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from pdmtp.core import names
+from pdmtp.core.actions import Action, Delete, apply_if_drifted
+from pdmtp.core.hashing import short_hash
+from pdmtp.core.observe import labels_of, name_of
+from pdmtp.core.render import owner_reference
+
+Obj = Mapping[str, Any]
+Manifest = dict[str, Any]
+SPEC_HASH_LENGTH = 6
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One ControllerRevision: its number, compat revision and spec."""
+
+    name: str
+    number: int
+    revision: str
+    spec: Mapping[str, Any]
+
+    def parsed(self) -> PDDeploymentSpec | None:
+        try:
+            return PDDeploymentSpec.model_validate(self.spec)
+        except ValidationError:
+            return None  # written by another version: not usable to render
+
+
+def recorded(objs: Sequence[Obj], owner: str) -> list[Recorded]:
+    """The owner's ControllerRevisions, oldest first."""
+    out = []
+    for o in objs:
+        if o.get("kind") != "ControllerRevision" or labels_of(o).get(v.LABEL_NAME) != owner:
+            continue
+        spec = (o.get("data") or {}).get("spec")
+        if isinstance(spec, Mapping):
+            out.append(
+                Recorded(
+                    name_of(o),
+                    int(o.get("revision") or 0),
+                    labels_of(o).get(v.LABEL_REVISION, ""),
+                    spec,
+                )
+            )
+    return sorted(out, key=lambda r: r.number)
+
+
+def latest_spec(history: Sequence[Recorded], revision: str) -> PDDeploymentSpec | None:
+    """The newest recorded spec of a revision."""
+    for r in reversed(history):
+        if r.revision == revision and (spec := r.parsed()) is not None:
+            return spec
+    return None
+
+
+def controller_revision(pdd: PDDeployment, revision: str, number: int) -> Manifest:
+    spec = pdd.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    labels = {**names.base_labels(pdd.metadata.name), v.LABEL_REVISION: revision}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {
+            "name": f"{pdd.metadata.name}-{revision}-{short_hash(spec, SPEC_HASH_LENGTH)}",
+            "namespace": pdd.metadata.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(pdd)],
+        },
+        "data": {"spec": spec},
+        "revision": number,
+    }
+
+
+def history_actions(
+    pdd: PDDeployment,
+    revision: str,
+    history: Sequence[Recorded],
+    existing: Mapping[str, Obj],
+    live_revisions: set[str],
+) -> list[Action]:
+    """Record the current spec (if not yet) and prune what the limit lets go."""
+    actions: list[Action] = []
+    manifest = controller_revision(pdd, revision, 0)
+    mine = next((r for r in history if r.name == manifest["metadata"]["name"]), None)
+    manifest["revision"] = mine.number if mine else max((r.number for r in history), default=0) + 1
+    if change := apply_if_drifted(manifest, existing):
+        actions.append(change)
+    keep = {manifest["metadata"]["name"]}
+    for rev in live_revisions:  # the newest record of each revision that still runs
+        newest = [r for r in history if r.revision == rev]
+        if newest:
+            keep.add(newest[-1].name)
+    spare = [r for r in history if r.name not in keep]
+    excess = len(spare) - pdd.spec.revision_history_limit
+    actions += [Delete("ControllerRevision", r.name) for r in spare[: max(excess, 0)]]
+    return actions

@@ -1,0 +1,245 @@
+"""Rollout control around the planner: pause, canary hold and promotion, the progress deadline,
+automatic rollback. Pure: what to aim for this reconcile, and where the rollout stands.
+
+`steer` decides the planner's target and policy from the spec, what is observed and the
+rollout status the operator wrote last time (the deadline's clock and a remembered failure live
+there, as a Deployment keeps its own in its Progressing condition):
+
+- a failure of the spec's revision (an engine refusing its config, a crash loop, no progress for
+  progressDeadlineSeconds) while an older revision serves: with `onFailure: Rollback` the target
+  becomes that revision (the most established one) and the failed revision is remembered in the
+  status, so it is not retried until the spec changes; with `Hold` the rollout stays where it
+  is and says so;
+- `paused` freezes the planner; a `canary` holds the new revision at its share until the
+  PDDeployment carries the `pdmtp.io/promote: <revision>` annotation.
+
+`track` turns the step into the status's rollout record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeploymentSpec, RolloutStatus
+from pdmtp.core.observe import PodIssue, format_time, parse_time
+from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
+
+Phase = Literal[
+    "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
+]
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the planner aims for this time, and why."""
+
+    target: Target
+    policy: Policy
+    spec_revision: str | None
+    failed_revision: str | None = None
+    failed_generation: int | None = None
+    rollback_revision: str | None = None
+    failure: str | None = None
+    """Why the spec's revision failed (now or earlier); None while it has not."""
+    new_failure: bool = False
+    """The failure was found in this reconcile (worth an event)."""
+    deadline: bool = False
+    """The failure is the progress deadline (else an engine's refusal or crash loop)."""
+    promoted: bool = False
+    """A canary hold was released by promotion in this reconcile."""
+
+    @property
+    def rolling_back(self) -> bool:
+        return self.rollback_revision is not None
+
+
+@dataclass(frozen=True)
+class Health:
+    """What is wrong with pods, from `observe`."""
+
+    failures: Sequence[PodIssue] = ()
+    crash_looping: Sequence[PodIssue] = ()
+    waiting: Sequence[PodIssue] = ()
+
+
+def steer(
+    spec: PDDeploymentSpec,
+    target: Target,
+    policy: Policy,
+    states: Sequence[RevisionState],
+    health: Health,
+    old: RolloutStatus | None,
+    now: float,
+    promoted: str | None,
+    generation: int | None = None,
+) -> Steering:
+    revision = target.revision
+    if revision is None:
+        return Steering(target, policy, None)
+    anchor = _anchor(states, revision)
+    same_spec = old is not None and old.failed_generation == generation
+    back = (
+        old.rollback_revision
+        if old is not None and old.failed_revision == revision and same_spec
+        else None
+    )
+    if back is not None and any(s.revision == back for s in states):
+        # Rolled back before: stay there until the spec changes.
+        assert old is not None
+        return Steering(
+            replace(target, revision=back),
+            policy,
+            revision,
+            failed_revision=revision,
+            failed_generation=generation,
+            rollback_revision=back,
+            failure=old.failure,
+        )
+    failure, deadline = failure_of(revision, spec, health, old, now, states)
+    if failure is not None and spec.rollout.on_failure == "Rollback" and anchor is not None:
+        return Steering(
+            replace(target, revision=anchor),
+            policy,
+            revision,
+            failed_revision=revision,
+            failed_generation=generation,
+            rollback_revision=anchor,
+            failure=failure,
+            new_failure=True,
+            deadline=deadline,
+        )
+    canary = spec.rollout.canary
+    held = canary is not None and promoted != revision
+    released = canary is not None and not held and old is not None and old.phase == "CanaryHold"
+    steered = replace(
+        policy,
+        paused=spec.rollout.paused,
+        canary_percent=canary.percent if canary is not None and held else None,
+    )
+    return Steering(
+        target, steered, revision, failure=failure, promoted=released, deadline=deadline
+    )
+
+
+def _anchor(states: Sequence[RevisionState], revision: str) -> str | None:
+    """The most established revision that serves, other than `revision`."""
+    serving = [s for s in states if s.serving and s.revision != revision]
+    return max(serving, key=establishment).revision if serving else None
+
+
+def failure_of(
+    revision: str,
+    spec: PDDeploymentSpec,
+    health: Health,
+    old: RolloutStatus | None,
+    now: float,
+    states: Sequence[RevisionState],
+) -> tuple[str | None, bool]:
+    """Why `revision` has failed (None: it has not), and whether it is the deadline."""
+    refused = [
+        f
+        for f in health.failures
+        if f.revision == revision and f.exit_code == v.LAUNCHER_REFUSED_EXIT_CODE
+    ]
+    if refused:
+        f = refused[0]
+        return f"the engine refused its config ({f.role} pod {f.pod}): {f.message}", False
+    crashing = [c for c in health.crash_looping if c.revision == revision]
+    if crashing:
+        c = crashing[0]
+        return f"{c.role} pod {c.pod} is crash-looping: {c.message}", False
+    if old is None or old.revision != revision or old.phase not in ("Progressing", "Failed"):
+        return None, False
+    since = parse_time(old.last_progress_at)
+    deadline = spec.rollout.progress_deadline_seconds
+    if since is None or now - since <= deadline:
+        return None, False
+    return f"no progress for {deadline}s: {waiting_for(revision, spec, health, states)}", True
+
+
+def waiting_for(
+    revision: str, spec: PDDeploymentSpec, health: Health, states: Sequence[RevisionState]
+) -> str:
+    """What a stalled rollout waits for, with the policy that would work where it can tell."""
+    stuck = [u for u in health.waiting if u.revision == revision]
+    if stuck:
+        rollout = spec.rollout
+        advice = ""
+        if rollout.max_surge > 0 and "Insufficient" in stuck[0].message:
+            advice = (
+                "; the cluster has no room for surge pods: maxSurge: 0 with maxUnavailable: 1 "
+                "replaces old pods in place, one at a time"
+            )
+        return (
+            f"the scheduler cannot place {len(stuck)} pod(s) ({stuck[0].role} {stuck[0].pod}: "
+            f"{stuck[0].message}){advice}"
+        )
+    state = next((s for s in states if s.revision == revision), None)
+    if state is None:
+        return "the new revision has no pods"
+    return (
+        f"ready pods of {revision}: prefill {state.prefill.ready}/{state.prefill.replicas}, "
+        f"decode {state.decode.ready}/{state.decode.replicas}"
+    )
+
+
+def track(
+    old: RolloutStatus | None,
+    steering: Steering,
+    step: Step,
+    states: Sequence[RevisionState],
+    now: float,
+    canary_share: int | None,
+) -> RolloutStatus | None:
+    """The rollout record: what it is doing, and when it last moved (the deadline's clock)."""
+    revision = steering.spec_revision
+    if revision is None:
+        return old
+    stamp = format_time(now)
+    marker = "; ".join(
+        f"{s.revision} P{s.prefill.ready}/{s.prefill.pods} D{s.decode.ready}/{s.decode.pods} "
+        f"R{s.router.ready}"
+        for s in states
+    )
+    phase = _phase(steering, step)
+    fresh = old is None or old.revision != revision
+    # The clock runs only while Progressing; entering a phase (resume, promotion) restarts it.
+    moved = fresh or marker != old.progress or phase != old.phase  # type: ignore[union-attr]
+    if phase == "Progressing" and steering.failure is not None:
+        phase = "Failed"  # Hold: the rollout stays where it is, the clock stops
+        moved = False
+    return RolloutStatus(
+        revision=revision,
+        phase=phase,
+        started_at=stamp if fresh or old is None else old.started_at,
+        last_progress_at=stamp if moved or old is None else old.last_progress_at,
+        progress=marker,
+        failure=steering.failure,
+        failed_revision=steering.failed_revision,
+        failed_generation=steering.failed_generation,
+        rollback_revision=steering.rollback_revision,
+        canary_traffic_percent=canary_share if phase == "CanaryHold" else None,
+    )
+
+
+def _phase(steering: Steering, step: Step) -> Phase:
+    if steering.rolling_back:
+        return "RolledBack" if step.complete else "RollingBack"
+    if step.complete:
+        return "Complete"
+    if step.outcome == "Paused":
+        return "Paused"
+    if step.outcome == "Held":
+        return "CanaryHold"
+    return "Progressing"
+
+
+def canary_traffic(states: Sequence[RevisionState], revision: str | None) -> int | None:
+    """The new revision's share of ready router endpoints, in percent (what clients get)."""
+    serving = [s for s in states if s.serving]
+    total = sum(s.router.ready for s in serving)
+    mine = sum(s.router.ready for s in serving if s.revision == revision)
+    return round(100 * mine / total) if total else None
