@@ -8,6 +8,8 @@ asserted by the test.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import signal
@@ -32,6 +34,18 @@ from pdmtp.core.planner import Policy, RevisionState
 from pdmtp.core.revision import target_and_policy
 
 CUSTOM = (v.GROUP, v.VERSION)
+
+
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """Operators a test started and did not stop (a failed fixture, an interrupted run)."""
+    for proc in _RUNNING:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 class OperatorProcess:
@@ -73,9 +87,9 @@ class OperatorProcess:
                 self._start_once(timeout)
                 return
             except (RuntimeError, TimeoutError):
+                self.kill()  # a half-started operator must not outlive the test
                 if "address already in use" not in self.log_tail(40) or attempt == attempts - 1:
                     raise
-                self.kill()
                 self._repick_ports()
 
     def _repick_ports(self) -> None:
@@ -112,6 +126,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
+        _RUNNING.add(self.proc)
         self.starts += 1
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
