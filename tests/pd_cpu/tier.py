@@ -1,0 +1,126 @@
+"""The tier's fixed choices and the product wiring for its pairs (used by conftest and tests)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from fleet import Launch
+from processes import free_ports, launcher_command
+from wiring import (
+    LOOPBACK,
+    EngineWiring,
+    on_one_host,
+    render,
+    rendered_engines,
+    sample_pddeployment,
+)
+
+BLOCK_SIZE = 128
+"""vLLM's CPU default, and the PDDeployment's spec.engine.blockSize."""
+MTP_MODULES = 3
+MAX_MODEL_LEN = 2048
+MAX_TOKENS = 32
+# Lengths straddling the first two block boundaries. With backoff 2 (k=3) the prefill computes
+# 126, 128, 254 and 256 tokens for 128, 130, 256 and 258: truncated prompts ending exactly on a
+# block boundary (the vllm-ascend #8908 case) and prompts that are whole blocks themselves.
+PROMPT_LENGTHS = (127, 128, 129, 130, 255, 256, 257, 258)
+PROMPT_SEED = 8908
+
+
+def render_pair(
+    model: Path, num_speculative_tokens: int, *, decode_num_speculative_tokens: int | None = None
+) -> dict[str, EngineWiring]:
+    """`pdmtp render` of the tier's PDDeployment, each engine on its own loopback ports."""
+    rendered = render(
+        sample_pddeployment(
+            model,
+            num_speculative_tokens=num_speculative_tokens,
+            mtp_modules=MTP_MODULES,
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
+            decode_num_speculative_tokens=decode_num_speculative_tokens,
+        )
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    engines = rendered_engines(rendered.stdout)
+    prefill_port, bootstrap_port, decode_port = free_ports(3)
+    return {
+        "prefill": on_one_host("prefill", engines["prefill"], prefill_port, bootstrap_port),
+        "decode": on_one_host("decode", engines["decode"], decode_port, 0),
+    }
+
+
+def reference_launch(prefill: EngineWiring) -> Launch:
+    """One engine with the same engine settings and no P/D: the rendered prefill's `vllm serve`
+    args without the KV connector, and without speculation, so its greedy output is the plain
+    target model's, which MTP and the P/D split must both leave unchanged. Started with `vllm
+    serve` directly: the launcher refuses a pod with no Backoff connector, rightly."""
+    args = list(prefill.args)
+    for flag in ("--kv-transfer-config", "--speculative-config"):
+        index = args.index(flag)
+        del args[index : index + 2]
+    (port,) = free_ports(1)
+    args[args.index("--port") + 1] = str(port)
+    return Launch(
+        host_env=pinned(0),
+        name="reference",
+        command=tuple(args),
+        pod_env={"VLLM_HOST_IP": LOOPBACK},
+        url=f"http://{LOOPBACK}:{port}",
+    )
+
+
+def fixed_launches(k: int, wiring: dict[str, EngineWiring]) -> list[Launch]:
+    """Both engines exactly as the image starts them: the launcher, the rendered args and env."""
+    return [
+        launch(f"{role}-k{k}", wiring[role], via_launcher=True) for role in ("prefill", "decode")
+    ]
+
+
+CORE_OF_ROLE = {"prefill": 0, "decode": 1}
+"""vLLM's CPU worker pins its OpenMP threads to cores; left to itself ("auto") every engine on
+this two-core machine takes core 0 and keeps core 1 spare, and a P/D pair then starves its own
+Mooncake threads (requests took minutes). Each role gets a core of its own, as each pod gets its
+own GPU."""
+
+
+def pinned(core: int) -> dict[str, str]:
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+
+
+def launch(name: str, wiring: EngineWiring, *, via_launcher: bool) -> Launch:
+    command = launcher_command(wiring.args) if via_launcher else list(wiring.args)
+    return Launch(
+        name=name,
+        command=tuple(command),
+        pod_env=wiring.env,
+        url=wiring.url,
+        host_env=pinned(CORE_OF_ROLE[wiring.role]),
+    )
+
+
+def stock_wiring(wiring: EngineWiring) -> EngineWiring:
+    """The rendered engine with vLLM's own `MooncakeConnector` in place of the project's, on
+    ports of its own (the fixed engine of the same role may still be running).
+
+    Such an engine is started with `vllm serve` directly: the launcher refuses that connector,
+    which is its job; this is the engine it prevents, run to show what the fixed one changes.
+    """
+    config = json.loads(wiring.flag("--kv-transfer-config"))
+    assert config.pop("kv_connector_module_path") == "pdmtp_engine.connector"
+    assert config["kv_connector"] == "BackoffMooncakeConnector"
+    config["kv_connector"] = "MooncakeConnector"
+    http_port, bootstrap_port = free_ports(2)
+    stock = wiring.with_flag("--kv-transfer-config", json.dumps(config))
+    stock = stock.with_flag("--port", str(http_port))
+    env = dict(stock.env)
+    if stock.bootstrap_port is not None:
+        env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] = str(bootstrap_port)
+    return replace(
+        stock,
+        env=env,
+        http_port=http_port,
+        bootstrap_port=None if stock.bootstrap_port is None else bootstrap_port,
+    )
