@@ -99,6 +99,7 @@ class Controller:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     reflectors: list[Reflector] = field(default_factory=list)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+    events: asyncio.Queue[tuple[Mapping[str, Any], Event]] = field(default_factory=asyncio.Queue)
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class Controller:
         for i in range(self.options.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
         self.tasks.append(asyncio.create_task(self._resync(), name="pdmtp-resync"))
+        self.tasks.append(asyncio.create_task(self._poster(), name="pdmtp-events"))
 
     async def _await_sync(self) -> None:
         # No reconcile before every child kind is listed: an empty store would read as
@@ -214,7 +216,9 @@ class Controller:
             if cached is not None:
                 cached["status"] = report.status  # until the watch brings the server's copy
         for event in report.events:
-            await asyncio.to_thread(self._post, body, event)
+            # Posted by one task in order, after the status write: events are best effort and
+            # need not hold this key's worker.
+            self.events.put_nowait((body, event))
         self.metrics.observe(namespace, name, decision, report, refused, time.monotonic() - started)
         if refused:
             raise WritesRefused("; ".join(f"{r.key}: {r.message}" for r in refused))
@@ -241,6 +245,11 @@ class Controller:
                 log.warning("The API server refused %s: %s", action.key, e.message)
                 refused.append(Rejection(action.key, e.status, e.message))
         return refused
+
+    async def _poster(self) -> None:
+        while True:
+            body, event = await self.events.get()
+            await asyncio.to_thread(self._post, body, event)
 
     def _post(self, body: Mapping[str, Any], event: Event) -> None:
         try:
