@@ -1,172 +1,206 @@
 #!/usr/bin/env bash
-# End-to-end on kind (opt-in; needs Docker, kind v0.33.x, kubectl, and `make venv`):
-#   1. build the operator, router and engine images and load them into a fresh kind cluster;
-#   2. install KWOK in-cluster with this repo's stages (hack/kwok/) and fake GPU nodes;
-#   3. install pdmtp with `kubectl apply -k deploy/` (through an overlay that points at the
-#      loaded image) and check the real operator image reconciles samples/demo.yaml to Available;
-#   4. run the cluster test tier against the kind cluster (PDMTP_CLUSTER=kind).
+# End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on a real node.
 #
-#   hack/kind-e2e.sh [--skip-engine] [--keep] [-- PYTEST_ARGS...]
-#     --skip-engine  do not build/load images/engine (tens of GB; no test pod runs it: engine
-#                    pods land on fake KWOK nodes, which never pull images)
-#     --keep         leave the cluster up afterwards (it is deleted otherwise)
-#   env: KIND_CLUSTER (pdmtp-e2e), IMAGE_TAG (e2e-<git sha>), FAKE_NODES (4), VENV (.venv),
-#        KIND_NODE_IMAGE (default: the pinned image below, for kind v0.33.x only)
+#   1. images: operator, router and engine (hack/build_images.py), the engine emulator
+#      (images/engine-emulator) and the engine image plus a test checkpoint
+#      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh). All
+#      cached: a warm run only hashes inputs.
+#   2. a one-node kind cluster (hack/kind/cluster.yaml), its API server published on 127.0.0.1;
+#      CoreDNS without an upstream (hack/kind/coredns.yaml); fake `nvidia.com/gpu` capacity on
+#      the node, so engine pods schedule on it and really run.
+#   3. the images loaded into the node (the engine image in the background); pdmtp installed
+#      with `kubectl apply -k deploy/` through an overlay that only points it at the local image.
+#   4. the cluster tier (tests/cluster) against the same API server: the real node tainted, KWOK
+#      (host process, hack/kwok/ stages) driving fake GPU nodes; then back to the real node.
+#   5. tests/e2e (PDMTP_CLUSTER=kind): the install, then one PDDeployment through Available, a
+#      paired MTP rollout under a bounded request loop, the real engine refusing a mismatched
+#      lookahead, and deletion.
 #
-# The real kind node is tainted so that only infrastructure (KWOK, the operator under test) runs
-# there; every test pod lands on a fake node, exactly as in the local tier where all nodes are
-# fake. Router and engine images are loaded for runs that put them on real nodes; fake nodes
-# never pull an image.
+#   hack/kind-e2e.sh [--keep] [--no-cluster-tier] [-- PYTEST_ARGS...]   (PYTEST_ARGS: tests/e2e)
+#     --keep             leave the cluster up afterwards (deleted otherwise)
+#     --no-cluster-tier  skip step 4
+#   env: KIND_E2E_RUNTIME  podman (default: local images, local node image, no registry) or
+#                          docker (a machine with Docker and a registry: the Dockerfiles' upstream
+#                          bases, the published kindest/node image, `kind load docker-image`)
+#        KIND_CLUSTER (pdmtp-e2e), VENV (.venv), PDMTP_E2E_RESULT (rollout figures, JSON),
+#        KIND_E2E_OPERATOR_IMAGE (podman: test this operator image, not the one `make images` built)
 #
-# Written where no Docker daemon and no kind exist: checked with bash -n and shellcheck, and its
-# overlay and node generation were rendered offline, but it has not been run end to end.
+# Network rule: the test process talks to the API server on 127.0.0.1 only; requests run in pods
+# inside the node; CoreDNS has no upstream; containerd's registries point at a closed loopback
+# port (podman runtime), so nothing here reaches past the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-# kind node images are built per kind release and must be pinned by digest (kind v0.33.0 notes).
-KIND_RELEASE=v0.33
-DEFAULT_NODE_IMAGE=kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed
-NODE_IMAGE=${KIND_NODE_IMAGE:-$DEFAULT_NODE_IMAGE}
+RUNTIME=${KIND_E2E_RUNTIME:-podman}
 CLUSTER=${KIND_CLUSTER:-pdmtp-e2e}
 VENV=${VENV:-.venv}
-FAKE_NODES=${FAKE_NODES:-4}
-# Fake pod IPs KWOK hands out: private, disjoint from kind's pod (10.244/16) and Service
-# (10.96/16) ranges, and large enough for the scale test (its default /24 is not).
-FAKE_POD_CIDR=10.200.0.0/16
-INFRA_TAINT=pdmtp.io/e2e-infra
-SMOKE_NS=pdmtp-e2e-smoke
-
-SKIP_ENGINE=0
 KEEP=0
+CLUSTER_TIER=1
 PYTEST_ARGS=()
 while (($#)); do
   case $1 in
-    --skip-engine) SKIP_ENGINE=1 ;;
     --keep) KEEP=1 ;;
+    --no-cluster-tier) CLUSTER_TIER=0 ;;
     --) shift; PYTEST_ARGS=("$@"); break ;;
-    *) echo "usage: $0 [--skip-engine] [--keep] [-- PYTEST_ARGS...]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--keep] [--no-cluster-tier] [-- PYTEST_ARGS...]" >&2; exit 2 ;;
   esac
   shift
 done
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+T0=$SECONDS
+TIMES=()
+step() {
+  TIMES+=("$(printf '%4d s  %s' $((SECONDS - T0)) "$*")")
+  printf '\n\033[1m==> [%d s] %s\033[0m\n' $((SECONDS - T0)) "$*"
+}
 die() { echo "error: $*" >&2; exit 1; }
-
-for tool in docker kind kubectl; do
-  command -v "$tool" >/dev/null || die "$tool is not on PATH"
-done
 [[ -x $VENV/bin/python ]] || die "no $VENV; run \`make venv\`"
+PY=$VENV/bin/python
 
-# ---- versions, each read from its one source ---------------------------------------------------
-# The local tier's pins (hack/build-cluster-bins.sh): kind must run the same Kubernetes minor and
-# the same KWOK release.
+# ---- pins and binaries (the Kubernetes pin lives in hack/build-cluster-bins.sh) -----------------
 pin() { sed -n "s/^$1=\"\${PDMTP_$1:-\(v[0-9.]*\)}\"\$/\1/p" hack/build-cluster-bins.sh; }
 K8S_VERSION=$(pin K8S_VERSION)
-KWOK_VERSION=$(pin KWOK_VERSION)
-[[ -n $K8S_VERSION && -n $KWOK_VERSION ]] || die "cannot read the pins in hack/build-cluster-bins.sh"
-node_minor=$(sed -n 's/^kindest\/node:v\([0-9]*\.[0-9]*\)\..*/\1/p' <<<"$NODE_IMAGE")
-local_minor=$(cut -d. -f1,2 <<<"${K8S_VERSION#v}")
-[[ $node_minor == "$local_minor" ]] ||
-  die "node image $NODE_IMAGE is Kubernetes $node_minor, the local tier $K8S_VERSION: bump the pin here"
-if [[ -z ${KIND_NODE_IMAGE:-} && $(kind version) != "kind $KIND_RELEASE."* ]]; then
-  die "$(kind version): the pinned node image is for kind $KIND_RELEASE.x; install it or set KIND_NODE_IMAGE"
-fi
-
-TAG=${IMAGE_TAG:-e2e-$(git rev-parse --short HEAD)}
-OPERATOR_IMAGE=pdmtp-operator:$TAG
-# The router image the operator renders by default, and the engine image at the pinned vLLM.
-ROUTER_IMAGE=$("$VENV/bin/python" -c 'from pdmtp.api.v1alpha1 import RouterSpec; print(RouterSpec().image)')
+CACHE_DIR=${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}
+CLUSTER_BIN=$CACHE_DIR/bin/$K8S_VERSION
+step "Binaries: control plane and KWOK (hack/build-cluster-bins.sh), kind and node (hack/kind/build-bins.sh)"
+hack/build-cluster-bins.sh
+KIND_BIN_DIR=$(hack/kind/build-bins.sh)
+KIND=$KIND_BIN_DIR/kind
+KUBECTL=$CLUSTER_BIN/kubectl
+PDMTP_VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 VLLM_VERSION=$(sed -n 's/^ARG VLLM_VERSION=//p' images/engine/Dockerfile)
-ENGINE_IMAGE=pdmtp-engine:$VLLM_VERSION
 
 WORK=$(mktemp -d)
 export KUBECONFIG=$WORK/kubeconfig
-
+KWOK_PID=
+ENGINE_LOAD_PID=
+CLUSTER_TIER_RC=0
 cleanup() {
   local rc=$?
+  if [[ -n $KWOK_PID ]]; then kill "$KWOK_PID" 2>/dev/null; wait "$KWOK_PID" 2>/dev/null; fi
+  # The background image load: its podman save and exec, then the subshell itself.
+  if [[ -n $ENGINE_LOAD_PID ]]; then pkill -P "$ENGINE_LOAD_PID" 2>/dev/null; kill "$ENGINE_LOAD_PID" 2>/dev/null; fi
   if ((rc != 0)) && [[ -s $KUBECONFIG ]]; then
     echo "---- diagnostics (exit $rc) ----" >&2
-    kubectl get nodes -o wide >&2 || true
-    kubectl get pods -A -o wide >&2 || true
-    kubectl -n pdmtp-system logs deploy/pdmtp-operator --tail=100 >&2 || true
+    "$KUBECTL" get nodes -o wide >&2 || true
+    "$KUBECTL" get pods -A -o wide >&2 || true
+    [[ -s $WORK/kwok.log ]] && tail -n 20 "$WORK/kwok.log" >&2
   fi
   if ((KEEP)); then
-    echo "cluster kept: export KUBECONFIG=$KUBECONFIG   (kind delete cluster --name $CLUSTER)"
+    echo "cluster kept: export KUBECONFIG=$KUBECONFIG   ($KIND delete cluster --name $CLUSTER)"
   else
-    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+    "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
     rm -rf "$WORK"
   fi
+  printf '%s\n' "---- kind-e2e timeline ----" "${TIMES[@]}" "$(printf '%4d s  end (exit %d)' $((SECONDS - T0)) "$rc")"
 }
 trap cleanup EXIT
 
-# ---- images (before the cluster: a broken build fails fast) -----------------------------------
-step "Images: $OPERATOR_IMAGE, $ROUTER_IMAGE$( ((SKIP_ENGINE)) || echo ", $ENGINE_IMAGE")"
-export DOCKER_BUILDKIT=1  # images/operator/Dockerfile uses RUN --mount
-docker build -f images/operator/Dockerfile -t "$OPERATOR_IMAGE" .
-# Its requirements.txt pins amd64 wheel hashes.
-docker build --platform linux/amd64 -t "$ROUTER_IMAGE" images/router
-images=("$OPERATOR_IMAGE" "$ROUTER_IMAGE")
-if ((!SKIP_ENGINE)); then
-  docker build -t "$ENGINE_IMAGE" images/engine
-  images+=("$ENGINE_IMAGE")
-fi
-
-# ---- cluster -----------------------------------------------------------------------------------
-step "kind cluster $CLUSTER ($NODE_IMAGE)"
-kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-kind create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --kubeconfig "$KUBECONFIG" --wait 180s
-kind load docker-image --name "$CLUSTER" "${images[@]}"
-# Let the cluster's own add-ons land before the taint keeps new pods off the real node(s).
-kubectl -n kube-system rollout status deploy/coredns --timeout=120s
-kubectl -n local-path-storage rollout status deploy/local-path-provisioner --timeout=120s || true
-kubectl label nodes --all "$INFRA_TAINT=true"
-kubectl taint nodes --all "$INFRA_TAINT=true:NoSchedule"
-
-# Runs a Deployment on the real (tainted) node only.
-pin_to_infra() {
-  kubectl -n "$1" patch deployment "$2" --type strategic -p "{\"spec\":{\"template\":{\"spec\":{
-    \"nodeSelector\":{\"$INFRA_TAINT\":\"true\"},
-    \"tolerations\":[{\"key\":\"$INFRA_TAINT\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"}]}}}}"
+# ---- images -------------------------------------------------------------------------------------
+CHECKPOINT_MODEL=/opt/pdmtp-e2e/tiny-mtp1   # tests/e2e/engine-checkpoint/Containerfile
+inputs_of() { # a hash of files and extra words, for image cache labels
+  local extra=$1
+  shift
+  { echo "$extra"; find "$@" -type f ! -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum; } |
+    sha256sum | cut -c1-16
 }
 
-# ---- KWOK --------------------------------------------------------------------------------------
-step "KWOK $KWOK_VERSION in-cluster with hack/kwok/ stages"
-# The release's controller Deployment and CRDs (kube-system/kwok-controller); it reads Stage
-# objects (--enable-crd=Stage), and only ours are applied, none of the stock ones.
-kubectl apply -f "https://github.com/kubernetes-sigs/kwok/releases/download/$KWOK_VERSION/kwok.yaml"
-kubectl wait --for=condition=Established crd/stages.kwok.x-k8s.io --timeout=60s
-kubectl apply -f hack/kwok/
-# A repeated flag's last value wins, so appending --cidr overrides the manifest's.
-kubectl -n kube-system patch deployment kwok-controller --type json \
-  -p "[{\"op\":\"add\",\"path\":\"/spec/template/spec/containers/0/args/-\",\"value\":\"--cidr=$FAKE_POD_CIDR\"}]"
-pin_to_infra kube-system kwok-controller
-kubectl -n kube-system rollout status deploy/kwok-controller --timeout=180s
+if [[ $RUNTIME == podman ]]; then
+  # shellcheck source=hack/podman-env.sh
+  source hack/podman-env.sh
+  export KIND_EXPERIMENTAL_PROVIDER=podman
+  step "Images: hack/build_images.py (operator, router, engine and their local bases)"
+  python3 hack/build_images.py build base-python operator router engine
+  name_of() { python3 hack/build_images.py names | sed -n "s/^$1=//p"; }
+  OPERATOR_IMAGE=${KIND_E2E_OPERATOR_IMAGE:-$(name_of operator)}
+  ROUTER_IMAGE=$(name_of router)
+  ENGINE_IMAGE=$(name_of engine)
+  BASE_PYTHON=$(name_of base-python)
 
-step "$FAKE_NODES fake GPU nodes (hack/localcluster.py fake_gpu_node)"
-# The same node objects as the local tier, minus the loopback address: KWOK fills in its own pod
-# IP, where its fake kubelet endpoint listens.
-"$VENV/bin/python" - "$FAKE_NODES" >"$WORK/nodes.json" <<'PY'
-import json
-import sys
+  # Rebuilt only when its inputs (files, base image) change; the label is build_images.py's.
+  local_build() { # image context containerfile base-arg=base-image
+    local image=$1 context=$2 file=$3 arg=$4 inputs ca=()
+    inputs=$(inputs_of "$(podman image inspect --format '{{.Id}}' "${arg#*=}")" "$context")
+    if [[ "$(podman image inspect --format '{{index .Labels "io.pdmtp.inputs"}}' "$image" 2>/dev/null)" == "$inputs" ]]; then
+      echo "$image up to date"
+      return
+    fi
+    # A TLS-intercepting egress proxy's CA, when the host has one (as hack/build_images.py).
+    [[ -f /etc/ssl/certs/ca-certificates.crt ]] &&
+      ca=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+    podman build --pull=never --network=host "${ca[@]}" --label "io.pdmtp.inputs=$inputs" \
+      --build-arg "$arg" -f "$file" -t "$image" "$context"
+  }
+  EMULATOR_IMAGE=localhost/pdmtp-engine-emulator:$PDMTP_VERSION
+  CHECKPOINT_IMAGE=localhost/pdmtp-engine-e2e:$VLLM_VERSION
+  step "Images: $EMULATOR_IMAGE, $CHECKPOINT_IMAGE"
+  local_build "$EMULATOR_IMAGE" images/engine-emulator images/engine-emulator/Dockerfile \
+    "PYTHON_IMAGE=$BASE_PYTHON"
+  local_build "$CHECKPOINT_IMAGE" tests/e2e/engine-checkpoint \
+    tests/e2e/engine-checkpoint/Containerfile "ENGINE_IMAGE=$ENGINE_IMAGE"
 
-sys.path.insert(0, "hack")
-from localcluster import fake_gpu_node
+  step "Node image (hack/kind/build-node-image.sh)"
+  NODE_IMAGE=$(hack/kind/build-node-image.sh)
+  # kind mounts the host's /lib/modules into the node; these sandboxes have none (no modules
+  # can be loaded here anyway). An empty directory satisfies the mount.
+  [[ -d /lib/modules ]] || mkdir -p /lib/modules
+  KIND_CONFIG=hack/kind/cluster.yaml
+elif [[ $RUNTIME == docker ]]; then
+  command -v docker >/dev/null || die "KIND_E2E_RUNTIME=docker but docker is not on PATH"
+  TAG=e2e-$(git rev-parse --short HEAD)
+  ROUTER_VERSION=$("$PY" -c 'from pdmtp.api.vocabulary import ROUTER_VERSION; print(ROUTER_VERSION)')
+  OPERATOR_IMAGE=pdmtp-operator:$TAG
+  ROUTER_IMAGE=pdmtp-router:$ROUTER_VERSION
+  ENGINE_IMAGE=pdmtp-engine:$VLLM_VERSION
+  EMULATOR_IMAGE=pdmtp-engine-emulator:$TAG
+  CHECKPOINT_IMAGE=pdmtp-engine-e2e:$TAG
+  step "Images (docker build, the Dockerfiles' upstream bases)"
+  export DOCKER_BUILDKIT=1 # images/operator/Dockerfile uses RUN --mount
+  docker build -f images/operator/Dockerfile -t "$OPERATOR_IMAGE" .
+  docker build --platform linux/amd64 -t "$ROUTER_IMAGE" images/router
+  docker build -t "$ENGINE_IMAGE" images/engine
+  docker build -t "$EMULATOR_IMAGE" images/engine-emulator
+  docker build --build-arg "ENGINE_IMAGE=$ENGINE_IMAGE" -t "$CHECKPOINT_IMAGE" \
+    -f tests/e2e/engine-checkpoint/Containerfile tests/e2e/engine-checkpoint
+  # The published node image for kind v0.33 at the local tier's Kubernetes minor, by digest.
+  NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.36.4@sha256:099e049362a1526b2db71494e1947aae99bd16290d7c895f2b7ea312e3cbfaed}
+  [[ $NODE_IMAGE == *":v${K8S_VERSION#v}"* || $NODE_IMAGE == *":$(cut -d. -f1,2 <<<"$K8S_VERSION")."* ]] ||
+    die "node image $NODE_IMAGE is not Kubernetes $(cut -d. -f1,2 <<<"$K8S_VERSION"): set KIND_NODE_IMAGE"
+  KIND_CONFIG=hack/kind/cluster-docker.yaml
+else
+  die "KIND_E2E_RUNTIME=$RUNTIME: expected podman or docker"
+fi
 
-items = []
-for i in range(int(sys.argv[1])):
-    node = fake_gpu_node(f"kwok-gpu-{i}")
-    node["status"].pop("addresses", None)
-    items.append(node)
-print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-PY
-# create, not apply: a Node keeps the status it is created with (capacity, GPUs).
-kubectl create -f "$WORK/nodes.json"
-kubectl wait --for=condition=Ready node -l type=kwok --timeout=120s
+# ---- cluster ------------------------------------------------------------------------------------
+step "kind cluster $CLUSTER ($NODE_IMAGE)"
+"$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+"$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$KIND_CONFIG" \
+  --kubeconfig "$KUBECONFIG" --wait 180s
+NODE=$("$KUBECTL" get nodes -o jsonpath='{.items[0].metadata.name}')
+if [[ $RUNTIME == podman ]]; then
+  "$KUBECTL" apply -f hack/kind/coredns.yaml
+fi
+"$KUBECTL" -n kube-system rollout status deploy/coredns --timeout=120s
 
-# ---- pdmtp -------------------------------------------------------------------------------------
-step "pdmtp: kubectl apply -k deploy/ with image $OPERATOR_IMAGE"
-# An overlay outside the repo, so deploy/ is never edited: the loaded image, and the real node.
+load_image() {
+  if [[ $RUNTIME == podman ]]; then
+    # What `kind load image-archive` does, streamed: no multi-GB archive on disk.
+    podman save --quiet --format docker-archive "$1" |
+      podman exec -i "$NODE" ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - >/dev/null
+  else
+    "$KIND" load docker-image --name "$CLUSTER" "$1"
+  fi
+}
+step "Load images into the node: $OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
+for image in "$OPERATOR_IMAGE" "$ROUTER_IMAGE" "$EMULATOR_IMAGE"; do load_image "$image"; done
+# The engine image is ~10 GB: it loads in the background while the cluster tier runs (which
+# never starts it); tests/e2e waits for it.
+step "Load $CHECKPOINT_IMAGE into the node (background)"
+load_image "$CHECKPOINT_IMAGE" >"$WORK/engine-load.log" 2>&1 &
+ENGINE_LOAD_PID=$!
+
+# ---- pdmtp as users install it -----------------------------------------------------------------
 overlay=$WORK/overlay
 mkdir -p "$overlay"
 cat >"$overlay/kustomization.yaml" <<EOF
@@ -177,33 +211,84 @@ resources:
 images:
   - name: pdmtp-operator
     newName: ${OPERATOR_IMAGE%:*}
-    newTag: $TAG
-patches:
-  - target: {kind: Deployment, name: pdmtp-operator}
-    patch: |-
-      - op: add
-        path: /spec/template/spec/nodeSelector
-        value: {$INFRA_TAINT: "true"}
-      - op: add
-        path: /spec/template/spec/tolerations
-        value: [{key: $INFRA_TAINT, operator: Exists, effect: NoSchedule}]
+    newTag: "${OPERATOR_IMAGE##*:}"
 EOF
-kubectl apply -k "$overlay"
-kubectl wait --for=condition=Established crd/pddeployments.pdmtp.io --timeout=60s
-kubectl -n pdmtp-system rollout status deploy/pdmtp-operator --timeout=180s
+install_pdmtp() {
+  "$KUBECTL" apply -k "$overlay"
+  "$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io --timeout=60s
+  "$KUBECTL" -n pdmtp-system rollout status deploy/pdmtp-operator --timeout=180s
+}
+step "pdmtp: kubectl apply -k deploy/ with $OPERATOR_IMAGE"
+install_pdmtp
+# Both test tiers below run against this cluster (tests/cluster/conftest.py's kind backend and
+# tests/e2e/conftest.py read these), and fail rather than skip when something is missing.
+export PDMTP_CLUSTER=kind PDMTP_KUBECTL=$KUBECTL PDMTP_REQUIRE_ALL=${PDMTP_REQUIRE_ALL:-1}
 
-step "Smoke: the in-cluster operator reconciles samples/demo.yaml to Available"
-kubectl create namespace "$SMOKE_NS"
-kubectl -n "$SMOKE_NS" apply -f samples/demo.yaml
-kubectl -n "$SMOKE_NS" wait --for=condition=Available pdd/demo --timeout=300s
-kubectl -n "$SMOKE_NS" get pdd,deploy,pods -o wide
-kubectl delete namespace "$SMOKE_NS" --wait=true --timeout=120s
-# The cluster tier starts its own `pdmtp run` per test namespace; an --all-namespaces operator
-# would reconcile the same objects. (tests/cluster/test_install.py re-applies deploy/ itself; that
-# Deployment has no toleration, so its pod lands on a fake node and never runs.)
-kubectl -n pdmtp-system scale deployment pdmtp-operator --replicas=0
+# ---- the cluster tier: fake GPU nodes; the real node only runs infrastructure ------------------
+if ((CLUSTER_TIER)); then
+  step "Cluster tier against kind: real node tainted, KWOK fake GPU nodes"
+  # The tier starts its own operator per test; the in-cluster one would reconcile the same objects.
+  "$KUBECTL" -n pdmtp-system scale deployment pdmtp-operator --replicas=0
+  "$KUBECTL" taint nodes "$NODE" pdmtp.io/e2e-infra=true:NoSchedule
+  kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "hack"); from loopback import free_ports; print(free_ports(1)[0])')
+  stages=()
+  for f in hack/kwok/*.yaml; do stages+=("--config=$f"); done
+  mkdir -p "$WORK/kwok-home"
+  # As hack/localcluster.py runs it: only annotated nodes, fake pod IPs that nothing dials
+  # (disjoint from the node's pod, Service and podman ranges), its kubelet port on loopback.
+  HOME=$WORK/kwok-home "$CLUSTER_BIN/kwok" --kubeconfig="$KUBECONFIG" "${stages[@]}" \
+    --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-ip=127.0.0.1 --node-port="$kwok_port" --server-address="127.0.0.1:$kwok_port" \
+    --cidr=10.200.0.0/16 --node-lease-duration-seconds=40 >"$WORK/kwok.log" 2>&1 &
+  KWOK_PID=$!
+  "$PY" - >"$WORK/nodes.json" <<'PY'
+import json
+import sys
 
-# ---- tests -------------------------------------------------------------------------------------
-step "Cluster tier against kind"
-PDMTP_CLUSTER=kind PDMTP_REQUIRE_ALL=1 \
-  "$VENV/bin/python" -m pytest tests/cluster -m cluster "${PYTEST_ARGS[@]}"
+sys.path.insert(0, "hack")
+from localcluster import fake_gpu_node
+
+nodes = [fake_gpu_node(f"pdmtp-gpu-{i}") for i in range(4)]
+print(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+PY
+  # create, not apply: a Node keeps the status it is created with (capacity, GPUs).
+  "$KUBECTL" create -f "$WORK/nodes.json"
+  "$KUBECTL" wait --for=condition=Ready node -l type=kwok --timeout=120s
+  # A red cluster tier still lets tests/e2e run (the exit code reports both at the end).
+  "$PY" -m pytest tests/cluster -q -m cluster -p no:cacheprovider --durations=8 || CLUSTER_TIER_RC=$?
+
+  step "Back to one real node: the tier's namespaces, fake nodes and KWOK gone"
+  # KWOK completes the fake pods' deletion; only then can their namespaces go.
+  if [[ -n $("$KUBECTL" get namespaces -l pdmtp.io/test=true -o name) ]]; then
+    "$KUBECTL" wait --for=delete namespace -l pdmtp.io/test=true --timeout=300s
+  fi
+  "$KUBECTL" delete nodes -l type=kwok --wait=true
+  kill "$KWOK_PID"
+  wait "$KWOK_PID" || true
+  KWOK_PID=
+  "$KUBECTL" taint nodes "$NODE" pdmtp.io/e2e-infra=true:NoSchedule-
+  # The tier applied deploy/ as it is (image pdmtp-operator:dev): put the overlay back, as a
+  # user re-applying their install would.
+  install_pdmtp
+fi
+
+# ---- tests/e2e: real pods on the real node -------------------------------------------------------
+# Extended resources are advertised by patching node status (as a device plugin's kubelet would
+# report them); the kubelet keeps them. Every engine pod of tests/e2e asks for one GPU.
+"$KUBECTL" patch node "$NODE" --subresource=status --type=json \
+  -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"16"}]'
+step "Wait for the engine image to be loaded"
+wait "$ENGINE_LOAD_PID" || { cat "$WORK/engine-load.log" >&2; die "loading $CHECKPOINT_IMAGE failed"; }
+ENGINE_LOAD_PID=
+export PDMTP_E2E_EMULATOR_IMAGE=$EMULATOR_IMAGE PDMTP_E2E_ROUTER_IMAGE=$ROUTER_IMAGE
+export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_IMAGE=$CHECKPOINT_IMAGE
+export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL
+export PDMTP_E2E_RESULT=${PDMTP_E2E_RESULT:-$WORK/rollout.json}
+step "tests/e2e against kind"
+E2E_RC=0
+"$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA "${PYTEST_ARGS[@]}" || E2E_RC=$?
+if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
+((CLUSTER_TIER_RC == 0)) || echo "error: the cluster tier failed against kind (exit $CLUSTER_TIER_RC)" >&2
+((E2E_RC == 0)) || echo "error: tests/e2e failed (exit $E2E_RC)" >&2
+((CLUSTER_TIER_RC == 0 && E2E_RC == 0)) || exit 1
+step "done"

@@ -1,0 +1,107 @@
+"""kind e2e tier: the operator installed from deploy/ on a real kind node, real pods.
+
+hack/kind-e2e.sh (`make kind-e2e`) builds the images and the node image, creates the cluster,
+installs CoreDNS, gives the node fake `nvidia.com/gpu` capacity, loads the images and installs
+the operator with `kubectl apply -k`, then runs this tier with PDMTP_CLUSTER=kind, KUBECONFIG and
+the PDMTP_E2E_* image names set. Without them the tier skips, or fails under PDMTP_REQUIRE_ALL=1.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from e2e.kindkit import Images, Kind, KubectlError
+from localcluster import default_bin_dir
+
+_kind: Kind | None = None
+_namespaces: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and _kind is not None:
+        namespace = _namespaces[-1] if _namespaces else None
+        report.sections.append(("kind cluster", _kind.diagnostics(namespace)))
+    return report
+
+
+def _unavailable(why: str) -> None:
+    if os.environ.get("PDMTP_REQUIRE_ALL") == "1":
+        pytest.fail(f"kind e2e required (PDMTP_REQUIRE_ALL=1): {why}", pytrace=False)
+    pytest.skip(why)
+
+
+def _server_is_loopback(kubeconfig: Path) -> str:
+    doc = yaml.safe_load(kubeconfig.read_text()) or {}
+    current = doc.get("current-context")
+    ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == current), {})
+    clusters = doc.get("clusters", [])
+    cluster = next((c["cluster"] for c in clusters if c["name"] == ctx.get("cluster")), {})
+    server = cluster.get("server", "")
+    host = urlparse(server).hostname or ""
+    if not ipaddress.ip_address(host).is_loopback:
+        pytest.fail(f"{kubeconfig}: server {server!r} is not on loopback; refusing to test it")
+    return server
+
+
+@pytest.fixture(scope="session")
+def kind() -> Iterator[Kind]:
+    global _kind
+    if os.environ.get("PDMTP_CLUSTER") != "kind":
+        _unavailable("PDMTP_CLUSTER is not kind: run `make kind-e2e` (hack/kind-e2e.sh)")
+    kubeconfig = Path(os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "/nonexistent")
+    if not kubeconfig.is_file():
+        _unavailable(f"no kubeconfig at {kubeconfig}")
+    _server_is_loopback(kubeconfig)
+    kubectl = os.environ.get("PDMTP_KUBECTL") or str(default_bin_dir() / "kubectl")
+    if not shutil.which(kubectl):
+        _unavailable(f"no kubectl at {kubectl}")
+    try:
+        images = Images.from_env(os.environ)
+    except LookupError as exc:
+        _unavailable(str(exc))
+        raise
+    cluster = Kind(kubeconfig, kubectl, images)
+    try:
+        cluster.kubectl("get", "--raw", "/readyz")
+    except KubectlError as exc:
+        _unavailable(f"kind API server not ready: {exc}")
+    _kind = cluster
+    yield cluster
+    _kind = None
+
+
+def new_namespace(kind: Kind, hint: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", hint.lower()).strip("-")[:30].strip("-")
+    name = f"e2e-{base}-{uuid.uuid4().hex[:5]}"
+    kind.kubectl("create", "namespace", name)
+    kind.kubectl("label", "namespace", name, "pdmtp.io/test=e2e")
+    _namespaces.append(name)
+    return name
+
+
+@pytest.fixture(scope="module")
+def namespace(kind: Kind, request: pytest.FixtureRequest) -> Iterator[str]:
+    """One namespace per test module (the module's tests build on each other), deleted after."""
+    name = new_namespace(kind, Path(str(request.path)).stem.removeprefix("test_"))
+    yield name
+    kind.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,244 @@
+"""What the kind e2e drives: the cluster hack/kind-e2e.sh made, through kubectl and the API.
+
+Network rule: the test process talks only to the kind API server on 127.0.0.1. Everything that
+reaches a pod goes through the API server (`kubectl exec`, the pod and service proxies) or runs
+in a pod of its own (the load client), so all traffic stays on loopback or inside the kind node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+IMAGE_ENV = {
+    "emulator": "PDMTP_E2E_EMULATOR_IMAGE",
+    "router": "PDMTP_E2E_ROUTER_IMAGE",
+    "operator": "PDMTP_E2E_OPERATOR_IMAGE",
+    "engine": "PDMTP_E2E_ENGINE_IMAGE",
+}
+ENGINE_MODEL_ENV = "PDMTP_E2E_ENGINE_MODEL"
+"""A checkpoint directory inside the engine image (hack/kind-e2e.sh adds it to the image)."""
+OPERATOR_NAMESPACE = "pdmtp-system"
+LABEL_NAME = "pdmtp.io/name"
+LABEL_ROLE = "pdmtp.io/role"
+LABEL_REVISION = "pdmtp.io/revision"
+
+
+@dataclass(frozen=True)
+class Images:
+    emulator: str
+    router: str
+    operator: str
+    engine: str
+    engine_model: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Images:
+        missing = [name for name in [*IMAGE_ENV.values(), ENGINE_MODEL_ENV] if not env.get(name)]
+        if missing:
+            raise LookupError(f"unset: {', '.join(missing)} (hack/kind-e2e.sh sets them)")
+        images = {key: env[name] for key, name in IMAGE_ENV.items()}
+        return cls(**images, engine_model=env[ENGINE_MODEL_ENV])
+
+
+class KubectlError(RuntimeError):
+    pass
+
+
+def wait_for(probe: Callable[[], T | None], what: str, timeout: float, every: float = 1.0) -> T:
+    """Poll until `probe` returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except (KubectlError, LookupError, ValueError) as exc:
+            last_error = exc
+        if time.monotonic() > deadline:
+            suffix = f" (last error: {last_error})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
+        time.sleep(every)
+
+
+@dataclass
+class Kind:
+    kubeconfig: Path
+    kubectl_bin: str
+    images: Images
+
+    def kubectl(
+        self, *args: str, stdin: str | None = None, timeout: float = 120, check: bool = True
+    ) -> str:
+        cmd = [self.kubectl_bin, f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def raw(self, path: str) -> str:
+        """GET through the API server (pod and service proxies reach into the node from there)."""
+        return self.kubectl("get", "--raw", path)
+
+    def apply(self, obj: Mapping[str, Any], namespace: str | None = None) -> None:
+        ns = ["-n", namespace] if namespace else []
+        self.kubectl("apply", *ns, "--server-side", "-f", "-", stdin=json.dumps(obj))
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get("pods", "-n", namespace, "-l", selector)["items"]
+        return items
+
+    def pdd(self, namespace: str, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.get("pddeployment", "-n", namespace, name)
+        return obj
+
+    def condition(self, namespace: str, name: str, kind: str) -> dict[str, Any] | None:
+        conds = self.pdd(namespace, name).get("status", {}).get("conditions", [])
+        return next((c for c in conds if c["type"] == kind), None)
+
+    def wait_condition(self, namespace: str, name: str, condition: str, timeout: int) -> None:
+        """`kubectl wait --for=condition=...`, as a user would."""
+        self.kubectl(
+            "wait",
+            "-n",
+            namespace,
+            f"--for=condition={condition}",
+            f"pddeployment/{name}",
+            f"--timeout={timeout}s",
+            timeout=timeout + 30,
+        )
+
+    def pod_json(self, namespace: str, pod: str, port: int, path: str) -> Any:
+        """GET a pod's HTTP endpoint through the API server's pod proxy."""
+        return json.loads(
+            self.raw(f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}")
+        )
+
+    def diagnostics(self, namespace: str | None) -> str:
+        """What a red run should print: the operator's log, the namespace's objects and events."""
+        parts = []
+        commands: list[Sequence[str]] = [
+            ("-n", OPERATOR_NAMESPACE, "logs", "deploy/pdmtp-operator", "--tail=80"),
+            ("get", "nodes", "-o", "wide"),
+        ]
+        if namespace:
+            commands += [
+                ("-n", namespace, "get", "pddeployments", "-o", "yaml"),
+                ("-n", namespace, "get", "deploy,rs,pods,svc", "-o", "wide"),
+                ("-n", namespace, "get", "events", "--sort-by=.lastTimestamp"),
+            ]
+        for args in commands:
+            out = self.kubectl(*args, check=False, timeout=30)
+            # The operator logs every probe; those lines explain nothing.
+            out = "\n".join(line for line in out.splitlines() if "kube-probe/" not in line)
+            parts.append(f"$ kubectl {' '.join(args)}\n{out}")
+        return "\n".join(parts)
+
+
+def load_pod(
+    name: str, image: str, url: str, *, concurrency: int, max_requests: int, max_seconds: float
+) -> dict[str, Any]:
+    """A pod running the emulator image's bounded load client against `url`."""
+    command = [
+        "python",
+        "-m",
+        "pdmtp_emulator",
+        "load",
+        f"--url={url}",
+        f"--concurrency={concurrency}",
+        f"--max-requests={max_requests}",
+        f"--max-seconds={max_seconds}",
+        "--stop-file=/tmp/stop",
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "pdmtp-e2e-load"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "load",
+                    "image": image,
+                    "command": command,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+@dataclass
+class LoadRun:
+    """One load client pod: started, optionally stopped early, then its summary read."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+    @classmethod
+    def start(
+        cls,
+        kind: Kind,
+        namespace: str,
+        service: str,
+        *,
+        concurrency: int = 4,
+        max_requests: int,
+        max_seconds: float,
+    ) -> LoadRun:
+        name = f"load-{uuid.uuid4().hex[:6]}"
+        url = f"http://{service}.{namespace}.svc.cluster.local/v1/completions"
+        pod = load_pod(
+            name,
+            kind.images.emulator,
+            url,
+            concurrency=concurrency,
+            max_requests=max_requests,
+            max_seconds=max_seconds,
+        )
+        kind.apply(pod, namespace)
+        return cls(kind, namespace, name)
+
+    def progress(self) -> dict[str, Any] | None:
+        lines = self.kind.kubectl("-n", self.namespace, "logs", self.name, check=False).splitlines()
+        found = [json.loads(line) for line in lines if line.startswith("{")]
+        return found[-1] if found else None
+
+    def wait_sending(self, timeout: float = 120) -> None:
+        wait_for(lambda: (self.progress() or {}).get("ok", 0) > 0, f"{self.name} answered", timeout)
+
+    def stop(self) -> None:
+        self.kind.kubectl("-n", self.namespace, "exec", self.name, "--", "touch", "/tmp/stop")
+
+    def summary(self, timeout: float = 120) -> dict[str, Any]:
+        def finished() -> str | None:
+            pod = self.kind.get("pod", "-n", self.namespace, self.name)
+            phase: str = pod["status"].get("phase", "")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        phase = wait_for(finished, f"{self.name} to finish", timeout)
+        last = self.progress()
+        if phase != "Succeeded" or not last or not last.get("summary"):
+            raise AssertionError(f"load client {self.name} ended {phase}: {last}")
+        return last
