@@ -20,7 +20,7 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ROLES
 from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.planner import Step
+from pdmtp.core.planner import Policy, Step, Target
 from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
 from pdmtp.core.revision import compat_revision, role_hash, target_and_policy
 from pdmtp.core.simulate import InvariantViolation, SimCluster, Trace, run
@@ -249,19 +249,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {f.reason}: {f.message}")
         return EXIT_INCOMPATIBLE
     if target.revision == start.revision:
-        changed = [r for r in ROLES if role_hash(old.spec, r) != role_hash(new.spec, r)]
-        print(f"Same compat revision {start.revision}: no paired rollout.")
-        if changed:
-            print(
-                f"Role-local change: {', '.join(changed)} roll in place "
-                "(the Deployment's own rolling update)."
-            )
-        if (start.prefill, start.decode) != (target.prefill, target.decode):
-            print(
-                f"Scaling: prefill {start.prefill}->{target.prefill}, "
-                f"decode {start.decode}->{target.decode}."
-            )
+        _print_in_place(old, new, start, target)
         return 0
+    return _simulate(args, new, start, target, policy)
+
+
+def _print_in_place(old: PDDeployment, new: PDDeployment, start: Target, target: Target) -> None:
+    changed = [r for r in ROLES if role_hash(old.spec, r) != role_hash(new.spec, r)]
+    print(f"Same compat revision {start.revision}: no paired rollout.")
+    if changed:
+        print(
+            f"Role-local change: {', '.join(changed)} roll in place "
+            "(the Deployment's own rolling update)."
+        )
+    if (start.prefill, start.decode) != (target.prefill, target.decode):
+        print(
+            f"Scaling: prefill {start.prefill}->{target.prefill}, "
+            f"decode {start.decode}->{target.decode}."
+        )
+
+
+def _simulate(
+    args: argparse.Namespace, new: PDDeployment, start: Target, target: Target, policy: Policy
+) -> int:
+    """Play the rollout on the simulated cluster: the canary hold, the rollback path."""
+    assert start.revision is not None and target.revision is not None
     revisions = [start.revision, target.revision]
     failing = {target.revision} if args.fail_after is not None else set()
     sim = SimCluster.serving(start.revision, start, failing=failing)

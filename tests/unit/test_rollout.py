@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from builders import PDDBuilder, pdd
-from pdmtp.api.v1alpha1 import RolloutStatus
+from pdmtp.api.status import RolloutStatus
 from pdmtp.core.agreement import check
 from pdmtp.core.observe import PodIssue, format_time
 from pdmtp.core.planner import RevisionState, RoleState, Step

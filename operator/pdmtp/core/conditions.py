@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from pdmtp.api.reasons import CONDITION_TYPES
-from pdmtp.api.v1alpha1 import Condition
+from pdmtp.api.status import Condition
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from pdmtp.api import reasons
-from pdmtp.api.v1alpha1 import Condition
+from pdmtp.api.status import Condition
 from pdmtp.core.actions import Action, Apply, Event, Scale
 from pdmtp.core.conditions import Transition
 from pdmtp.core.observe import format_time

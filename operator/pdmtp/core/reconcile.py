@@ -20,7 +20,8 @@ from functools import cached_property
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentStatus, RolloutStatus
+from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
+from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core import names, status
 from pdmtp.core.actions import (
     Action,

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeploymentSpec, RolloutStatus
+from pdmtp.api.status import RolloutStatus
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.observe import PodIssue, format_time, parse_time
 from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
 

@@ -15,14 +15,14 @@ from pydantic import ValidationError
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import (
+from pdmtp.api.status import (
     Lookahead,
-    PDDeploymentSpec,
     PDDeploymentStatus,
     RevisionStatus,
     RoleStatus,
     RolloutStatus,
 )
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
@@ -90,6 +90,12 @@ def available(states: Sequence[RevisionState], target: Target, policy: Policy) -
     )
 
 
+def _progress(
+    status: Literal["True", "False", "Unknown"], reason: str, message: str
+) -> ConditionUpdate:
+    return ConditionUpdate(reasons.PROGRESSING, status, reason, message)
+
+
 def progressing(
     agreement: Agreement,
     step: Step,
@@ -100,56 +106,64 @@ def progressing(
     steering: Steering | None = None,
     record: RolloutStatus | None = None,
 ) -> ConditionUpdate:
-    states, waiting = seen.states, seen.waiting
+    """The first that applies: a refused write, an incompatible spec, the rollout's control
+    state (rollback, failure, pause, canary), completion, or what the rollout waits for."""
     if refused:
         first = refused[0]
         more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        return _progress(
             "False",
             reasons.CHILD_REJECTED,
             f"the API server refused {first.key} ({first.status}): {first.message}{more}",
         )
     if not agreement.compatible:
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        keeps = f"; {current} keeps serving" if current else ""
+        return _progress(
             "False",
             reasons.ROLLOUT_BLOCKED,
-            "the spec is incompatible: no new revision starts"
-            + (f"; {current} keeps serving" if current else ""),
+            f"the spec is incompatible: no new revision starts{keeps}",
         )
+    controlled = _controlled(step, target, steering, record)
+    if controlled is not None:
+        return controlled
+    if step.blocked:
+        return _progress(
+            "False",
+            reasons.ROLLOUT_BLOCKED,
+            f"rollout to {target.revision} cannot proceed: {step.reason}",
+        )
+    return _waiting(seen, target)
+
+
+def _controlled(
+    step: Step, target: Target, steering: Steering | None, record: RolloutStatus | None
+) -> ConditionUpdate | None:
+    """Rollback, completion, failure, pause and canary hold."""
     if steering is not None and steering.rolling_back:
         failed, back = steering.failed_revision, steering.rollback_revision
         if step.complete:
-            return ConditionUpdate(
-                reasons.PROGRESSING,
+            return _progress(
                 "False",
                 reasons.ROLLOUT_ABORTED,
                 f"rolled back to {back}: {failed} failed; change the spec to roll again",
             )
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        return _progress(
             "True",
             reasons.ROLLOUT_IN_PROGRESS,
             f"rolling back from {failed} to {back}: {steering.failure}",
         )
     if step.complete:
-        return ConditionUpdate(
-            reasons.PROGRESSING,
-            "False",
-            reasons.ROLLOUT_COMPLETE,
-            f"revision {target.revision} is fully rolled out",
+        return _progress(
+            "False", reasons.ROLLOUT_COMPLETE, f"revision {target.revision} is fully rolled out"
         )
     if steering is not None and steering.failure is not None:
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        return _progress(
             "False",
             reasons.PROGRESS_DEADLINE_EXCEEDED if steering.deadline else reasons.ROLLOUT_FAILED,
             f"rollout to {target.revision} failed: {steering.failure}",
         )
     if step.outcome == "Paused":
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        return _progress(
             "Unknown",
             reasons.PAUSED,
             f"rollout to {target.revision} is paused (spec.rollout.paused); resume with "
@@ -157,44 +171,38 @@ def progressing(
         )
     if step.outcome == "Held":
         share = record.canary_traffic_percent if record is not None else None
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        anchor = step.reason.rsplit(" ", 1)[-1]
+        return _progress(
             "Unknown",
             reasons.CANARY_HOLD,
-            f"canary: revision {target.revision} serves next to {step.reason.rsplit(' ', 1)[-1]}"
+            f"canary: revision {target.revision} serves next to {anchor}"
             + (f" with {share}% of the router endpoints" if share is not None else "")
             + "; promote it with `pdmtp rollout promote`",
         )
-    if step.blocked:
-        return ConditionUpdate(
-            reasons.PROGRESSING,
-            "False",
-            reasons.ROLLOUT_BLOCKED,
-            f"rollout to {target.revision} cannot proceed: {step.reason}",
-        )
+    return None
+
+
+def _waiting(seen: Observations, target: Target) -> ConditionUpdate:
+    """Under way: what it waits for, when something holds it up."""
     if seen.rejected:
-        first_issue = seen.rejected[0]
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        issue = seen.rejected[0]
+        return _progress(
             "False",
             reasons.PODS_REJECTED,
-            f"Deployment/{first_issue.pod} cannot create its pods: {first_issue.message}",
+            f"Deployment/{issue.pod} cannot create its pods: {issue.message}",
         )
-    olds = [s.revision for s in states if s.revision != target.revision]
+    olds = [s.revision for s in seen.states if s.revision != target.revision]
     what = f"rolling from {', '.join(olds)} to" if olds else "scaling"
-    stuck = [u for u in waiting if u.revision == target.revision]
+    stuck = [u for u in seen.waiting if u.revision == target.revision]
     if stuck:
-        return ConditionUpdate(
-            reasons.PROGRESSING,
+        return _progress(
             "True",
             reasons.PODS_UNSCHEDULABLE,
             f"{what} {target.revision}: the scheduler cannot place {len(stuck)} pod(s) "
             f"({stuck[0].role} {stuck[0].pod}: {stuck[0].message}); add capacity or "
             "allow spec.rollout.maxUnavailable so old pods make room",
         )
-    return ConditionUpdate(
-        reasons.PROGRESSING, "True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}"
-    )
+    return _progress("True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}")
 
 
 def degraded(failures: Sequence[PodIssue], steering: Steering | None = None) -> ConditionUpdate:

@@ -1,0 +1,114 @@
+"""The PDDeployment's status, as the operator writes it (`pdmtp.core.status` builds these
+models; the writer dumps them by alias, so the schema and what is written cannot drift)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from pdmtp.api.base import Model
+
+
+class Condition(Model):
+    """A metav1.Condition."""
+
+    type: str = Field(max_length=316, description="Condition type, e.g. Available.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation this condition was computed from."
+    )
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339); unchanged while status holds."
+    )
+    reason: str = Field(max_length=1024, description="CamelCase reason from pdmtp's vocabulary.")
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+
+
+class Lookahead(Model):
+    """The prefill lookahead each role derives, and the prefill backoff."""
+
+    prefill: int | None = Field(default=None, description="Lookahead the prefill derives.")
+    decode: int | None = Field(default=None, description="Lookahead the decode derives.")
+    prefill_backoff: int | None = Field(
+        default=None, description="Tokens the prefill stops short of each prompt."
+    )
+
+
+class RoleStatus(Model):
+    """Pod counts of one role across revisions."""
+
+    name: Literal["prefill", "decode", "router"] = Field(description="The role.")
+    replicas: int = Field(default=0, description="Pods of this role (all revisions).")
+    ready_replicas: int = Field(default=0, description="Ready pods (all revisions).")
+    updated_replicas: int = Field(default=0, description="Pods at the update revision.")
+    desired_replicas: int = Field(default=0, description="spec.<role>.replicas.")
+
+
+class RevisionStatus(Model):
+    """One revision that has workloads."""
+
+    revision: str = Field(description="Compat revision hash.")
+    phase: Literal["Starting", "Serving", "Draining", "Retired"] = Field(
+        description="Starting (no traffic yet), Serving, Draining (traffic off) or Retired."
+    )
+    prefill: str = Field(description="Ready/desired prefill pods, e.g. 2/2.")
+    decode: str = Field(description="Ready/desired decode pods.")
+    routers: int = Field(description="Ready router pods.")
+
+
+class RolloutStatus(Model):
+    """Where the paired rollout to the update revision stands (the deadline's clock)."""
+
+    revision: str = Field(description="The revision being rolled to.")
+    phase: Literal[
+        "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
+    ] = Field(description="What the rollout is doing.")
+    started_at: str = Field(description="When the rollout to this revision started (RFC 3339).")
+    last_progress_at: str = Field(description="When it last made progress (RFC 3339).")
+    progress: str = Field(
+        description="What progress means here: ready new pods and remaining old pods."
+    )
+    failed_revision: str | None = Field(
+        default=None,
+        description="A revision that failed and was rolled back from; kept until the spec changes.",
+    )
+    rollback_revision: str | None = Field(
+        default=None, description="The revision the rollback returns to."
+    )
+    failure: str | None = Field(default=None, description="Why the revision failed.")
+    failed_generation: int | None = Field(
+        default=None,
+        description="metadata.generation that failed: any later spec change rolls again.",
+    )
+    canary_traffic_percent: int | None = Field(
+        default=None,
+        description="During a canary hold: the new revision's share of router endpoints.",
+    )
+
+
+class PDDeploymentStatus(Model):
+    """Observed state, written by the operator once per reconcile."""
+
+    model_config = ConfigDict(frozen=False)
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the operator last acted on."
+    )
+    lookahead: Lookahead | None = Field(default=None, description="Derived MTP prefill lookahead.")
+    current_revision: str | None = Field(
+        default=None, description="The most established serving revision."
+    )
+    update_revision: str | None = Field(default=None, description="The revision the spec asks for.")
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The paired rollout's progress, deadline and failure state."
+    )
+    prefill: str | None = Field(default=None, description="Ready/desired prefill pods (printer).")
+    decode: str | None = Field(default=None, description="Ready/desired decode pods (printer).")
+    roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list, description="Revisions that have workloads, newest last."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, description="ConfigCompatible, Available, Progressing, Degraded."
+    )
