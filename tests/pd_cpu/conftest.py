@@ -18,14 +18,11 @@ network namespace it always refuses to start.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import json
 import os
-import random
 import socket
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,7 +39,9 @@ ENV_RESULT = "PDMTP_PD_CPU_RESULT"
 """If set, the tier writes its figures (start times, latencies, transfer times, memory) there."""
 
 MISSING_MODULES = [
-    name for name in ("vllm", "mooncake", "psutil") if importlib.util.find_spec(name) is None
+    name
+    for name in ("vllm", "mooncake", "psutil", "torch", "safetensors", "tokenizers")
+    if importlib.util.find_spec(name) is None
 ]
 if MISSING_MODULES:
     collect_ignore_glob = ["test_*.py"]
@@ -87,27 +86,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # ---- the shared setup --------------------------------------------------------------------------
 
-import tiny_mimo  # noqa: E402  (needs TIER_DIR on sys.path)
-from fleet import Completion, Figures, Fleet, Prompt, serve_all  # noqa: E402
-from tier import (  # noqa: E402
-    MAX_TOKENS,
-    MTP_MODULES,
-    PROMPT_LENGTHS,
-    PROMPT_SEED,
-    reference_launch,
-    render_pair,
-)
-from wiring import EngineWiring  # noqa: E402
-
-_figures = Figures()
-
-
-@pytest.fixture(scope="session")
-def figures() -> Figures:
-    return _figures
+if not MISSING_MODULES:
+    from fixtures import (  # noqa: F401  (fixtures, registered by being here)
+        figures,
+        fleet,
+        model,
+        prompts,
+        reference,
+        wirings,
+        workdir,
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MISSING_MODULES:
+        return
+    from fixtures import FIGURES as _figures
+
     if not _figures.engine_ready_seconds:
         return
     terminalreporter.section("pd_cpu figures")
@@ -115,59 +110,3 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     result = os.environ.get(ENV_RESULT)
     if result:
         Path(result).write_text(json.dumps(_figures.as_json(), indent=2, sort_keys=True))
-
-
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("pd-cpu")
-
-
-@pytest.fixture(scope="session")
-def model(workdir: Path) -> Path:
-    return tiny_mimo.write_checkpoint(workdir / "tiny-mimo", tiny_mimo.TinyMimo(MTP_MODULES))
-
-
-@pytest.fixture(scope="session")
-def prompts() -> list[Prompt]:
-    rng = random.Random(PROMPT_SEED)
-    vocab = tiny_mimo.TinyMimo().vocab_size - 1  # never the end-of-text token (the last id)
-    return [
-        Prompt(f"len{n}", tuple(rng.randrange(vocab) for _ in range(n))) for n in PROMPT_LENGTHS
-    ]
-
-
-@pytest.fixture(scope="session")
-def fleet(workdir: Path, figures: Figures) -> Iterator[Fleet]:
-    engines = Fleet(workdir, figures)
-    yield engines
-    engines.close()
-
-
-@pytest.fixture(scope="session")
-def reference(
-    fleet: Fleet,
-    model: Path,
-    prompts: list[Prompt],
-    figures: Figures,
-    wirings: Callable[[int], dict[str, EngineWiring]],
-) -> dict[str, Completion]:
-    """The reference engine's greedy completion of every prompt (the engine is then released)."""
-    launch = reference_launch(wirings(3)["prefill"])
-    (engine,) = fleet.acquire([launch])
-    try:
-        served = serve_all(engine.url, model, prompts, MAX_TOKENS)
-    finally:
-        fleet.release([launch.name])
-    for one in served:
-        assert one.completion.status == 200, one.completion.error
-        assert one.completion.token_ids is not None
-        assert len(one.completion.token_ids) == MAX_TOKENS
-    figures.request_seconds["reference"] = [round(s.completion.seconds, 3) for s in served]
-    return {s.prompt.name: s.completion for s in served}
-
-
-@pytest.fixture(scope="session")
-def wirings(model: Path) -> Callable[[int], dict[str, EngineWiring]]:
-    """`pdmtp render` per numSpeculativeTokens, once: engines reused across modules keep their
-    ports."""
-    return functools.cache(lambda k: render_pair(model, k))
