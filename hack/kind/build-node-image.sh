@@ -184,5 +184,9 @@ podman commit --quiet \
   --change 'STOPSIGNAL SIGRTMIN+3' --change "LABEL io.pdmtp.kind-node.inputs=$NODE_KEY" \
   "$ctr_name" "$NODE_IMAGE" >/dev/null
 podman tag "$NODE_IMAGE" "$NODE_REPO:$K8S_VERSION"
+# Earlier builds are superseded (about 1 GB each); one still used by a cluster stays.
+podman images --format '{{.Repository}}:{{.Tag}}' "$NODE_REPO" |
+  grep -vx -e "$NODE_IMAGE" -e "$NODE_REPO:$K8S_VERSION" |
+  xargs -r podman rmi >/dev/null 2>&1 || true
 log "built $NODE_IMAGE in $((SECONDS - started)) s ($(podman image inspect --format '{{.Size}}' "$NODE_IMAGE" | awk '{printf "%.0f MiB", $1/1048576}'))"
 echo "$NODE_IMAGE"
