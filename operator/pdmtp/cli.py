@@ -349,10 +349,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pdmtp.metrics import Metrics
     from pdmtp.webhook import WebhookOptions
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    # kopf installs the log handler (controller.run): one format, one line per record.
+    logging.getLogger("pdmtp").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    # Every liveness probe and metrics scrape would be an INFO line otherwise.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     namespaces = () if args.all_namespaces else tuple(args.namespace or ["default"])
     metrics = Metrics()
     if args.metrics_port:

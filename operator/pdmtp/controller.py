@@ -340,7 +340,7 @@ def run(
     """Run the operator until interrupted."""
     controller = Controller(kube, options, metrics)
     registry = build_registry(controller, webhook)
-    kopf.configure(verbose=False)
+    kopf.configure(verbose=False, debug=log.isEnabledFor(logging.DEBUG))
     asyncio.run(
         kopf.operator(
             registry=registry,

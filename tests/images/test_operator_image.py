@@ -39,6 +39,14 @@ def test_cli_help(podman: Podman, operator_image: str) -> None:
         assert command in result.output
 
 
+def test_the_image_carries_this_source(podman: Podman, operator_image: str) -> None:
+    """The CRD the image generates is the committed one: the image holds today's operator, not
+    a layer cached from an older build."""
+    result = pdmtp(podman, operator_image, "crd")
+    assert result.returncode == 0, result.output
+    assert result.output == CRD.read_text(), "the image's operator is not this source"
+
+
 def test_validate_accepts_a_sample_and_rejects_a_broken_one(
     podman: Podman, operator_image: str, tmp_path: Path
 ) -> None:

@@ -31,6 +31,8 @@ HEALTH_PATH = "/health"
 STARTUP_BUDGET_SECONDS = 1800
 """Model loads take minutes; the startup probe allows half an hour before liveness applies."""
 GRACE_MARGIN_SECONDS = 30
+ROUTER_DRAIN_SECONDS = 5
+"""A retiring router's pod serves this long after it leaves the endpoints (kube-proxy's lag)."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,9 @@ def router_deployment(
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "readinessProbe": _probe(ROUTER_READINESS_PATH, 2, 3),
         "livenessProbe": _probe(ROUTER_LIVENESS_PATH, 10, 3),
+        # A router being replaced or retired leaves the Service's endpoints at once, but kube-proxy
+        # learns that a moment later: keep answering new connections meanwhile.
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}},
         "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -330,7 +335,7 @@ def router_deployment(
             "serviceAccountName": names.router_account(name),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 30,
+            "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + GRACE_MARGIN_SECONDS,
         },
     }
     # Offline (`pdmtp render`, membership None) the replicas show the intent; in the cluster a
