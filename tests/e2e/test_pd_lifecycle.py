@@ -6,8 +6,9 @@
 2. a paired rollout (MTP numSpeculativeTokens 3 -> 2) under a bounded request loop: no request
    fails and no decode uses KV from the other revision;
 3. the real engine image with a lookahead the checkpoint contradicts: the launcher refuses
-   (exit 3), the kubelet reports its termination message, the PDDeployment is
-   Degraded=True EngineRefusedConfig, and the serving pods are untouched;
+   (exit 3), the kubelet reports its termination message, the operator rolls the revision back
+   (the default onFailure) and says Degraded=True RolledBack with that reason, and the serving
+   pods are untouched;
 4. deleting it removes every child (the real garbage collector).
 
 The engines are the emulator image, except in step 3; the router is the real router image.
@@ -160,12 +161,10 @@ def test_2_paired_rollout_under_load_loses_no_request(kind: Kind, namespace: str
 
 
 REFUSED = 3
-# Where this runs, not what the pod is (as the images tier): no hub, and no GPU for vLLM to
-# infer its device from (on a GPU node it finds CUDA).
-SITE_ENV = [
-    {"name": "HF_HUB_OFFLINE", "value": "1"},
-    {"name": "VLLM_TARGET_DEVICE", "value": "cpu"},
-]
+# Where this runs, not what the pod is (as the images tier): no GPU for vLLM to infer its device
+# from (on a GPU node it finds CUDA). No hub either, but HF_HUB_OFFLINE is operator-owned in a
+# spec, so the checkpoint image sets it (tests/e2e/engine-checkpoint/Containerfile).
+SITE_ENV = [{"name": "VLLM_TARGET_DEVICE", "value": "cpu"}]
 
 
 def pod_states(pods: list[dict[str, Any]]) -> dict[str, tuple[str, int, bool]]:
@@ -192,7 +191,7 @@ def refusal(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def test_3_engine_refusing_a_mismatched_lookahead_degrades_and_spares_serving_pods(
+def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_pods(
     kind: Kind, namespace: str
 ) -> None:
     serving = state["revision"]
@@ -212,26 +211,43 @@ def test_3_engine_refusing_a_mismatched_lookahead_degrades_and_spares_serving_po
         "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(patch)
     )
 
-    def degraded() -> dict[str, Any] | None:
+    # The default onFailure (Rollback) scales the refused revision away, so its pods' exit is
+    # recorded while they are still there.
+    refusals: list[dict[str, Any]] = []
+
+    def rolled_back() -> dict[str, Any] | None:
+        update = kind.pdd(namespace, NAME).get("status", {}).get("updateRevision")
+        if update and update != serving:
+            for pod in revision_pods(kind, namespace, update):
+                if (found := refusal(pod)) is not None:
+                    refusals.append(found)
         cond = kind.condition(namespace, NAME, "Degraded")
         return cond if cond and cond["status"] == "True" else None
 
-    cond = wait_for(degraded, "Degraded=True", 600, every=3)
-    refused_revision = kind.pdd(namespace, NAME)["status"]["updateRevision"]
+    cond = wait_for(rolled_back, "Degraded=True", 600, every=2)
+    status = kind.pdd(namespace, NAME)["status"]
+    refused_revision = status["updateRevision"]
     assert refused_revision != serving
-    assert cond["reason"] == "EngineRefusedConfig", cond
+    assert cond["reason"] == "RolledBack", cond
+    assert status["rollout"]["failedRevision"] == refused_revision, status["rollout"]
+    assert status["rollout"]["rollbackRevision"] == serving, status["rollout"]
 
-    # The kubelet reported the launcher's exit code and its one-line reason.
-    refusals = [r for p in revision_pods(kind, namespace, refused_revision) if (r := refusal(p))]
-    assert refusals, "no engine pod of the new revision exited 3"
+    # The kubelet reported the launcher's exit code and its one-line reason, and the condition
+    # carries that reason.
+    assert refusals, "no engine pod of the new revision was seen exiting 3"
     message = refusals[0]["message"]
     assert message.startswith("pdmtp-engine refused to start: "), message
     assert "lookahead mismatch: operator expects 2, vLLM computes 1" in message, message
-    assert "lookahead mismatch" in cond["message"], cond["message"]
+    assert "lookahead mismatch: operator expects 2, vLLM computes 1" in cond["message"], cond
+
+    # The refused revision is scaled away.
+    def refused_gone() -> bool:
+        return not revision_pods(kind, namespace, refused_revision)
+
+    wait_for(refused_gone, f"revision {refused_revision}'s pods to go", 120)
 
     # The serving revision was left alone, and still serves.
-    status = kind.pdd(namespace, NAME)["status"]
-    assert status["currentRevision"] == serving, status
+    assert kind.pdd(namespace, NAME)["status"]["currentRevision"] == serving
     assert pod_states(revision_pods(kind, namespace, serving)) == before
     run = LoadRun.start(kind, namespace, NAME, max_requests=40, max_seconds=120)
     summary = run.summary()
