@@ -1,0 +1,78 @@
+# shellcheck shell=bash disable=SC2034,SC2154 # sets variables for, and reads `name` from, its caller
+# Sourced by hack/engine-venv.sh and hack/pd-cpu-venv.sh: what their venvs share.
+#
+# Each venv lives outside the repo (PDMTP_CACHE_DIR, default ~/.cache/pdmtp), named by a hash of
+# every pin, so fresh clones reuse it and a pin change builds a new one. pdmtp_engine is NOT
+# installed into it: the tiers put images/engine on PYTHONPATH, so a cached venv never points
+# into a stale clone. The caller sets `name` (for logs, the lock and the directory) before
+# sourcing; the functions report on stderr and leave stdout to the venv's path.
+
+cache_dir="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}"
+uv_version="0.13.8"
+
+log() { echo "$name: $*" >&2; }
+
+# image_pins REQUIREMENTS: the image pins the CUDA build of the Mooncake transfer engine; the CPU
+# tiers take the "-non-cuda" build of the very same version. Sets mooncake_version and
+# other_image_pins (every other pin of the image).
+image_pins() {
+  local requirements=$1 pin
+  pin="$(grep -E '^mooncake-transfer-engine(-cuda[0-9]+)?==' "$requirements" || true)"
+  if [[ -z "$pin" ]]; then
+    log "no mooncake-transfer-engine pin in $requirements"
+    exit 1
+  fi
+  mooncake_version="${pin#*==}"
+  other_image_pins="$(grep -vE '^\s*(#|$)' "$requirements" | grep -vE '^mooncake-transfer-engine' || true)"
+}
+
+# ensure_debs PACKAGE...: apt-get installs those not installed (mooncake's engine links
+# libibverbs.so.1 even for TCP).
+ensure_debs() {
+  local missing=() pkg sudo=""
+  for pkg in "$@"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$pkg")
+  done
+  if ((${#missing[@]} == 0)); then return 0; fi
+  if [[ "$(id -u)" != 0 ]]; then sudo="sudo"; fi
+  log "installing ${missing[*]} with apt-get"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >&2
+}
+
+# venv_begin PINS FILE...: sets venv to the cached venv for these pins (a line naming them, and
+# the requirements files). When it is complete, prints its path and exits; otherwise (under a
+# lock, so concurrent runs build it once) creates it empty with uv in it and returns for the
+# caller to install into it and call venv_done.
+venv_begin() {
+  local pin_hash
+  pin_hash="$({ echo "$1"; cat "${@:2}"; } | sha256sum | cut -c1-12)"
+  venv="$cache_dir/$name-$pin_hash"
+  if [[ -f "$venv/.complete" ]]; then
+    echo "$venv"
+    exit 0
+  fi
+  mkdir -p "$cache_dir"
+  exec 9>"$cache_dir/$name.lock"
+  flock 9
+  # Another process may have finished the build while this one waited for the lock.
+  if [[ -f "$venv/.complete" ]]; then
+    echo "$venv"
+    exit 0
+  fi
+  started=$SECONDS
+  rm -rf "$venv"
+  local python="${PDMTP_ENGINE_PYTHON:-python3}"
+  log "creating $venv with $($python --version 2>&1)"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$uv_version" >&2
+}
+
+# venv_done SUMMARY: marks the venv usable (the caller has proven it imports) and prints its path.
+venv_done() {
+  echo "$1 built in $((SECONDS - started))s" >"$venv/.complete"
+  log "built in $((SECONDS - started))s"
+  echo "$venv"
+}
