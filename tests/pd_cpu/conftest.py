@@ -28,8 +28,10 @@ from pathlib import Path
 import pytest
 
 TIER_DIR = Path(__file__).resolve().parent
-if str(TIER_DIR) not in sys.path:
-    sys.path.insert(0, str(TIER_DIR))
+# The tier's own modules, and hack/ for the repository's one port picker (hack/loopback.py).
+for _path in (TIER_DIR, TIER_DIR.parents[1] / "hack"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 # Nothing may reach the Hugging Face hub: the checkpoint and tokenizer are made here.
 os.environ["HF_HUB_OFFLINE"] = "1"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from processes import Engine, ManagedProcess, Router, free_ports, http, start_engine
+from loopback import free_ports
+from processes import Engine, ManagedProcess, Router, http, start_engine
 from wiring import EngineWiring, router_wiring
 
 

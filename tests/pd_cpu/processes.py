@@ -12,7 +12,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,8 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 import psutil
-from wiring import LOOPBACK, REPO_ROOT
+from loopback import LOOPBACK
+from wiring import REPO_ROOT
 
 TIER_DIR: Final = Path(__file__).resolve().parent
 SHIM_DIR: Final = TIER_DIR / "shim"
@@ -42,18 +42,6 @@ CPU_HOST_ENV: Final = {
     "DO_NOT_TRACK": "1",
     "MC_LOG_LEVEL": "WARNING",
 }
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports, held open together while they are picked."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((LOOPBACK, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def http(

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleet import Figures
+from loopback import LOOPBACK
 from processes import launcher_command, start_engine
 from tier import render_pair
-from wiring import LOOPBACK, EngineWiring
+from wiring import EngineWiring
 
 EXPECTED_REASON = (
     "pdmtp-engine refused to start: lookahead mismatch: operator expects 3, vLLM computes 2 "

@@ -7,9 +7,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleet import Launch
-from processes import free_ports, launcher_command
+from loopback import LOOPBACK, free_ports
+from processes import launcher_command
 from wiring import (
-    LOOPBACK,
     EngineWiring,
     on_one_host,
     render,

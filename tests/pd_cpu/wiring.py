@@ -30,8 +30,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from loopback import LOOPBACK
+
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
-LOOPBACK: Final = "127.0.0.1"
 ROLE_LABEL: Final = "pdmtp.io/role"
 BOOTSTRAP_ANNOTATION: Final = "pdmtp.io/bootstrap-port"
 ENGINE_ROLES: Final = ("prefill", "decode")
