@@ -87,7 +87,7 @@ class Versions:
             router=_read_pin(REPO / "images/router/requirements.txt", r"^vllm-router==(\S+)"),
             vllm=_read_pin(REPO / "images/engine/Dockerfile", r"^ARG VLLM_VERSION=(\S+)$"),
             # The version that filled the host's uv cache, so its wheels are reused as they are.
-            uv=_read_pin(REPO / "hack/engine-venv.sh", r'^uv_version="([^"]+)"$'),
+            uv=_read_pin(REPO / "hack/cached-venv.sh", r'^uv_version="([^"]+)"$'),
         )
 
 
