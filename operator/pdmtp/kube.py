@@ -146,7 +146,8 @@ class Kube:
             "GET", path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
         )
         items: list[dict[str, Any]] = result.get("items") or []
-        return items
+        # A LIST's items carry no kind of their own; give them theirs, as the cache's items have.
+        return [{**item, "kind": kind} for item in items]
 
     def patch(
         self, kind: str, namespace: str, name: str, body: Any, content_type: str

@@ -14,6 +14,8 @@ from typing import Any
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
+from pdmtp.core.conditions import find, parse_conditions
+from pdmtp.core.history import Recorded, recorded
 from pdmtp.kube import ApiError, Kube
 
 FAILED = {
@@ -44,13 +46,6 @@ def _patch(kube: Kube, namespace: str, name: str, body: Any, content_type: str) 
         raise RolloutError(f"the API server refused the change: {e.message}") from e
 
 
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return dict(c)
-    return {}
-
-
 def status(
     kube: Kube,
     namespace: str,
@@ -67,17 +62,18 @@ def status(
         current = (obj.get("status") or {}).get("observedGeneration") == obj["metadata"].get(
             "generation"
         )
-        progressing = condition(obj, reasons.PROGRESSING)
-        compatible = condition(obj, reasons.CONFIG_COMPATIBLE)
-        line = f"{progressing.get('reason', 'Pending')}: {progressing.get('message', '')}"
-        if current and compatible.get("status") == "False":
-            reason = f"{compatible.get('reason')}: {compatible.get('message')}"
-            out(f"rollout of {name} refused: {reason}")
+        conditions = parse_conditions((obj.get("status") or {}).get("conditions") or [])
+        progressing = find(conditions, reasons.PROGRESSING)
+        compatible = find(conditions, reasons.CONFIG_COMPATIBLE)
+        reason = progressing.reason if progressing else "Pending"
+        line = f"{reason}: {progressing.message if progressing else ''}"
+        if current and compatible is not None and compatible.status == "False":
+            out(f"rollout of {name} refused: {compatible.reason}: {compatible.message}")
             return 1
-        if current and progressing.get("reason") == reasons.ROLLOUT_COMPLETE:
+        if current and reason == reasons.ROLLOUT_COMPLETE:
             out(f'pddeployment "{name}" successfully rolled out')
             return 0
-        if current and progressing.get("reason") in FAILED:
+        if current and reason in FAILED:
             out(f"rollout of {name} failed: {line}")
             return 1
         if line != last:
@@ -111,19 +107,10 @@ def promote(kube: Kube, namespace: str, name: str) -> str:
     return f"pddeployment {name} promoted revision {revision}"
 
 
-def history(kube: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The recorded revisions, oldest first: number, revision hash, spec."""
+def history(kube: Kube, namespace: str, name: str) -> list[Recorded]:
+    """The recorded revisions, oldest first."""
     selector = f"{v.LABEL_NAME}={name},{v.LABEL_MANAGED_BY}={v.MANAGED_BY}"
-    records = [
-        {
-            "number": int(cr.get("revision") or 0),
-            "revision": (cr["metadata"].get("labels") or {}).get(v.LABEL_REVISION, ""),
-            "created": cr["metadata"].get("creationTimestamp", ""),
-            "spec": (cr.get("data") or {}).get("spec"),
-        }
-        for cr in kube.list_objects("ControllerRevision", namespace, selector)
-    ]
-    return sorted(records, key=lambda r: r["number"])
+    return recorded(kube.list_objects("ControllerRevision", namespace, selector), name)
 
 
 def undo(kube: Kube, namespace: str, name: str, to_revision: int | None) -> str:
@@ -133,31 +120,28 @@ def undo(kube: Kube, namespace: str, name: str, to_revision: int | None) -> str:
     records = history(kube, namespace, name)
     now = (obj.get("status") or {}).get("updateRevision")
     if to_revision is not None:
-        chosen = next((r for r in records if r["number"] == to_revision), None)
+        chosen = next((r for r in records if r.number == to_revision), None)
         if chosen is None:
-            numbers = ", ".join(str(r["number"]) for r in records) or "none"
+            numbers = ", ".join(str(r.number) for r in records) or "none"
             raise RolloutError(f"no revision {to_revision} of {name} (recorded: {numbers})")
     else:
-        older = [r for r in records if r["revision"] != now]
+        older = [r for r in records if r.revision != now]
         if not older:
             raise RolloutError(f"{name} has no previous revision to roll back to")
         chosen = older[-1]
-    if not isinstance(chosen["spec"], dict):
-        raise RolloutError(f"revision {chosen['number']} of {name} holds no spec")
     _patch(
         kube,
         namespace,
         name,
-        [{"op": "replace", "path": "/spec", "value": chosen["spec"]}],
+        [{"op": "replace", "path": "/spec", "value": dict(chosen.spec)}],
         "application/json-patch+json",
     )
-    return f"pddeployment {name} rolled back to revision {chosen['number']} ({chosen['revision']})"
+    return f"pddeployment {name} rolled back to revision {chosen.number} ({chosen.revision})"
 
 
-def format_history(records: list[dict[str, Any]]) -> str:
+def format_history(records: list[Recorded]) -> str:
     lines = ["REVISION  HASH      CREATED               CHANGE"]
     for r in records:
-        spec = r["spec"] or {}
-        change = json.dumps(spec.get("speculative") or {}, sort_keys=True)
-        lines.append(f"{r['number']:<9} {r['revision']:<9} {r['created']!s:<21} {change}")
+        change = json.dumps(r.spec.get("speculative") or {}, sort_keys=True)
+        lines.append(f"{r.number:<9} {r.revision:<9} {r.created:<21} {change}")
     return "\n".join(lines)

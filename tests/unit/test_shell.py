@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from pdmtp import rolloutctl
 from pdmtp.controller import WorkQueue
 from pdmtp.kube import ApiError, Kube
 
@@ -94,6 +95,25 @@ def test_status_patch_clears_fields_the_new_status_dropped() -> None:
     assert api.calls[0]["url"].startswith(
         "/apis/pdmtp.io/v1alpha1/namespaces/ns/pddeployments/x/status"
     )
+
+
+def test_rollout_history_reads_listed_controller_revisions() -> None:
+    # A LIST's items carry no kind; the history must still find them, oldest first.
+    def record(number: int, revision: str) -> dict[str, Any]:
+        labels = {"pdmtp.io/name": "pd", "pdmtp.io/revision": revision}
+        return {
+            "metadata": {"name": f"pd-{revision}-x", "labels": labels, "creationTimestamp": "t"},
+            "revision": number,
+            "data": {"spec": {"speculative": {"numSpeculativeTokens": number}}},
+        }
+
+    items = [record(2, "bbbb"), record(1, "aaaa")]
+    k, api = kube(Response(200, {"kind": "ControllerRevisionList", "items": items}))
+    records = rolloutctl.history(k, "ns", "pd")
+    assert [(r.number, r.revision) for r in records] == [(1, "aaaa"), (2, "bbbb")]
+    assert "/apis/apps/v1/namespaces/ns/controllerrevisions?" in api.calls[0]["url"]
+    table = rolloutctl.format_history(records).splitlines()
+    assert table[1].split()[:2] == ["1", "aaaa"] and '"numSpeculativeTokens": 2' in table[2]
 
 
 def test_work_queue_deduplicates_and_serialises_a_key() -> None:

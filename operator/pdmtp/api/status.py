@@ -57,13 +57,16 @@ class RevisionStatus(Model):
     routers: int = Field(description="Ready router pods.")
 
 
+RolloutPhase = Literal[
+    "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
+]
+
+
 class RolloutStatus(Model):
     """Where the paired rollout to the update revision stands (the deadline's clock)."""
 
     revision: str = Field(description="The revision being rolled to.")
-    phase: Literal[
-        "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
-    ] = Field(description="What the rollout is doing.")
+    phase: RolloutPhase = Field(description="What the rollout is doing.")
     started_at: str = Field(description="When the rollout to this revision started (RFC 3339).")
     last_progress_at: str = Field(description="When it last made progress (RFC 3339).")
     progress: str = Field(

@@ -36,6 +36,8 @@ class Recorded:
     number: int
     revision: str
     spec: Mapping[str, Any]
+    created: str = ""
+    """creationTimestamp (RFC 3339)."""
 
     def parsed(self) -> PDDeploymentSpec | None:
         try:
@@ -58,6 +60,7 @@ def recorded(objs: Sequence[Obj], owner: str) -> list[Recorded]:
                     int(o.get("revision") or 0),
                     labels_of(o).get(v.LABEL_REVISION, ""),
                     spec,
+                    (o.get("metadata") or {}).get("creationTimestamp", ""),
                 )
             )
     return sorted(out, key=lambda r: r.number)

@@ -20,17 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.status import RolloutStatus
+from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.observe import PodIssue, format_time, parse_time
 from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
-
-Phase = Literal[
-    "Progressing", "Paused", "CanaryHold", "Complete", "Failed", "RollingBack", "RolledBack"
-]
 
 
 @dataclass(frozen=True)
@@ -226,7 +221,7 @@ def track(
     )
 
 
-def _phase(steering: Steering, step: Step) -> Phase:
+def _phase(steering: Steering, step: Step) -> RolloutPhase:
     if steering.rolling_back:
         return "RolledBack" if step.complete else "RollingBack"
     if step.complete:
