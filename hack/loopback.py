@@ -1,9 +1,12 @@
-"""Free ports on 127.0.0.1 for the servers the local cluster and the tests start (every one binds
-loopback only). The one port picker of the repository."""
+"""Loopback for the network rule: free ports on 127.0.0.1 for the servers the local cluster and
+the tests start (every one binds loopback only; the one port picker of the repository), and the
+check that a server the tests would talk to is on loopback."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+from urllib.parse import urlparse
 
 LOOPBACK = "127.0.0.1"
 
@@ -19,3 +22,14 @@ def free_ports(count: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+def is_loopback_url(url: str) -> bool:
+    """Whether `url`'s host is `localhost` or a loopback address."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -12,21 +12,20 @@ Missing infrastructure skips the tier, or fails it when PDMTP_REQUIRE_ALL=1.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import sys
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
-import yaml
-from cluster.kubehelpers import Cluster, install_crd, wait_for
+from cluster.kubehelpers import Cluster, install_crd, kubeconfig_server, wait_for
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from localcluster import ClusterError, LocalCluster, default_bin_dir, missing_binaries
+from loopback import is_loopback_url
+from operator_harness import OperatorProcess, objects_dump
 
 __all__ = ["Cluster", "install_crd", "wait_for"]
 
@@ -61,19 +60,11 @@ def _unavailable(why: str) -> None:
 
 def _loopback_only(kubeconfig: Path) -> None:
     # Network rule: tests talk to loopback only, whatever cluster the kubeconfig names.
-    doc = yaml.safe_load(kubeconfig.read_text()) or {}
-    if not doc.get("clusters"):
+    server = kubeconfig_server(kubeconfig)
+    if not server:
         _unavailable(f"{kubeconfig} names no cluster")
-    current = doc.get("current-context")
-    ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == current), {})
-    cluster = next((c["cluster"] for c in doc["clusters"] if c["name"] == ctx.get("cluster")), {})
-    host = urlparse(cluster.get("server", "")).hostname or ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        pytest.fail(f"{kubeconfig}: server {host!r} is not loopback; refusing to test against it")
+    if not is_loopback_url(server):
+        pytest.fail(f"{kubeconfig}: server {server!r} is not loopback; refusing to test against it")
 
 
 @pytest.fixture(scope="session")
@@ -154,3 +145,17 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 def crd(cluster: Cluster) -> None:
     """The product CRD, installed once per session and served."""
     install_crd(cluster.api_client, REPO / "crds" / "pdmtp.io_pddeployments.yaml")
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """`pdmtp run` watching the test's namespace."""
+    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    # pytest shows a test's captured output only when it fails: then this explains the failure.
+    print("---- operator log ----\n" + op.log_tail(150))
+    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))

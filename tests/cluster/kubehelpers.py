@@ -30,9 +30,14 @@ class Cluster:
 
 
 def wait_for(
-    probe: Callable[[], T | None], what: str, timeout: float = 30, interval: float = 0.1
+    probe: Callable[[], T | None],
+    what: str,
+    timeout: float = 30,
+    interval: float = 0.1,
+    transient: tuple[type[Exception], ...] = (ApiException,),
 ) -> T:
-    """Poll ``probe`` until it returns something truthy; return that value."""
+    """Poll ``probe`` until it returns something truthy; return that value. ``transient``
+    errors (by default the API's: object not there yet, CRD not served yet) mean "not yet"."""
     deadline = time.monotonic() + timeout
     last_error: Exception | None = None
     while True:
@@ -40,12 +45,23 @@ def wait_for(
             value = probe()
             if value:
                 return value
-        except ApiException as exc:  # transient: object not there yet, CRD not served yet
+        except transient as exc:
             last_error = exc
         if time.monotonic() > deadline:
             detail = f" (last error: {last_error})" if last_error else ""
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}{detail}")
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def kubeconfig_server(kubeconfig: Path) -> str:
+    """The API server URL of the kubeconfig's current context ("" when it names none)."""
+    doc = yaml.safe_load(kubeconfig.read_text()) or {}
+    current = doc.get("current-context")
+    ctx = next((c["context"] for c in doc.get("contexts") or [] if c["name"] == current), {})
+    clusters = doc.get("clusters") or []
+    cluster = next((c["cluster"] for c in clusters if c["name"] == ctx.get("cluster")), {})
+    server: str = cluster.get("server", "")
+    return server
 
 
 def install_crd(

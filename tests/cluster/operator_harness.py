@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builders import PDDBuilder
+from cluster.kubehelpers import wait_for
 from kubernetes import client, watch
 from loopback import free_ports
 from pdmtp.api import vocabulary as v
@@ -226,6 +228,36 @@ def settled(obj: dict[str, Any]) -> bool:
         and progressing is not None
         and progressing["reason"] == "RolloutComplete"
     )
+
+
+def wait_settled(
+    api: client.ApiClient, namespace: str, name: str, timeout: float = 120
+) -> dict[str, Any]:
+    """The PDDeployment once it is `settled`."""
+    found: dict[str, Any] = wait_for(
+        lambda: (o := get_pdd(api, namespace, name)) and settled(o) and o,
+        f"{name} settled",
+        timeout,
+        interval=0.5,
+    )
+    return found
+
+
+# The annotations that steer KWOK's fake pods (hack/kwok/README.md).
+READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
+TERMINATE_MESSAGE = "pdmtp.io/fake-terminate-message"
+EXIT_CODE = "pdmtp.io/fake-exit-code"
+
+
+def engine_refusal(message: str) -> dict[str, str]:
+    """Pod annotations under which KWOK ends the engine as the launcher does on a refusal."""
+    return {TERMINATE_MESSAGE: message, EXIT_CODE: str(v.LAUNCHER_REFUSED_EXIT_CODE)}
+
+
+def ready_after(b: PDDBuilder, ms: int = 800) -> PDDBuilder:
+    """Engine pods of both roles that turn Ready `ms` after they start, so rollouts take steps."""
+    annotations = {READY_DELAY: str(ms)}
+    return b.prefill(podAnnotations=annotations).decode(podAnnotations=annotations)
 
 
 # ---- invariants watcher ----------------------------------------------------------------------

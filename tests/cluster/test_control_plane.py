@@ -17,10 +17,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from localcluster import GPU_RESOURCE, K8S_VERSION, RDMA_RESOURCE
 from localcluster import NODE_SELECTOR_ANNOTATION as FAKE_NODE
+from operator_harness import READY_DELAY, TERMINATE_MESSAGE
 
 IMAGE = "registry.invalid/pdmtp/fake:0"
-READY_DELAY_ANNOTATION = "pdmtp.io/fake-ready-delay-ms"
-TERMINATE_ANNOTATION = "pdmtp.io/fake-terminate-message"
 
 
 def pod_body(
@@ -254,9 +253,7 @@ def _seconds_until_ready(
 def test_fake_ready_delay_annotation(core: client.CoreV1Api, namespace: str) -> None:
     require_pdmtp_stages(core)
     core.create_namespaced_pod(namespace, pod_body("quick"))
-    core.create_namespaced_pod(
-        namespace, pod_body("slow", annotations={READY_DELAY_ANNOTATION: "4000"})
-    )
+    core.create_namespaced_pod(namespace, pod_body("slow", annotations={READY_DELAY: "4000"}))
     took = _seconds_until_ready(core, namespace, ["quick", "slow"])
     # Absolute times include scheduling and watch latency, so compare against the default pod.
     assert took["slow"] >= 3.5, took
@@ -269,7 +266,7 @@ def test_fake_terminate_message_annotation(core: client.CoreV1Api, namespace: st
     for name, policy in (("once", "Never"), ("always", "Always")):
         core.create_namespaced_pod(
             namespace,
-            pod_body(name, annotations={TERMINATE_ANNOTATION: message}, restart_policy=policy),
+            pod_body(name, annotations={TERMINATE_MESSAGE: message}, restart_policy=policy),
         )
 
     def terminated(name: str) -> client.V1Pod | None:

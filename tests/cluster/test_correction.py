@@ -7,41 +7,25 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from builders import pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from operator_harness import OperatorProcess, condition, create_pdd, get_pdd, objects_dump, settled
+from operator_harness import (
+    READY_DELAY,
+    OperatorProcess,
+    condition,
+    create_pdd,
+    get_pdd,
+    wait_settled,
+)
 from pdmtp.core.revision import compat_revision
 
-READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
 RESTORE_SECONDS = 15
-
-
-@pytest.fixture
-def operator(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print("---- operator log ----\n" + op.log_tail(150))
-    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))
-
-
-def settled_pdd(cluster: Cluster, namespace: str, name: str, timeout: float = 90) -> Any:
-    return wait_for(
-        lambda: (o := get_pdd(cluster.api_client, namespace, name)) and settled(o) and o,
-        f"{name} settled",
-        timeout,
-        interval=0.5,
-    )
 
 
 def events(cluster: Cluster, namespace: str, name: str) -> list[client.CoreV1Event]:
@@ -61,7 +45,7 @@ def test_foreign_edits_and_deletions_come_back(
 ) -> None:
     b = pdd("drift").mtp(3, modules=3)
     create_pdd(cluster.api_client, namespace, b.dict())
-    obj = settled_pdd(cluster, namespace, "drift")
+    obj = wait_settled(cluster.api_client, namespace, "drift")
     rev = compat_revision(b.build().spec)
     apps = client.AppsV1Api(cluster.api_client)
     core = client.CoreV1Api(cluster.api_client)
@@ -112,7 +96,7 @@ def test_foreign_edits_and_deletions_come_back(
         "deleted NetworkPolicy",
         lambda: _exists(lambda: net.read_namespaced_network_policy("drift-pd", namespace)),
     )
-    settled_pdd(cluster, namespace, "drift")
+    wait_settled(cluster.api_client, namespace, "drift")
     # Each edit was seen and reverted (not merely never applied): the operator said so.
     updated = " ".join(
         e.message for e in events(cluster, namespace, "drift") if e.reason == "Updated"
@@ -150,7 +134,7 @@ def test_idle_resyncs_make_no_api_requests(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     create_pdd(cluster.api_client, namespace, pdd("idle").dict())
-    settled_pdd(cluster, namespace, "idle")
+    wait_settled(cluster.api_client, namespace, "idle")
     time.sleep(2 * operator.resync_seconds)  # the last status write lands in the cache
 
     def reconciles() -> float:
@@ -284,7 +268,7 @@ def test_a_child_refused_by_admission_is_status_and_recovers(
         assert created and not [m for m in created if "-decode" in m], created
     finally:
         remove()
-    obj = settled_pdd(cluster, namespace, "refused", timeout=90)
+    obj = wait_settled(cluster.api_client, namespace, "refused", timeout=90)
     assert condition(obj, "Progressing")["reason"] == "RolloutComplete"  # type: ignore[index]
     created = [e.message for e in events(cluster, namespace, "refused") if e.reason == "Created"]
     assert [m for m in created if "-decode" in m], "the decode Deployment was never created"
@@ -317,4 +301,4 @@ def test_pods_refused_by_a_quota_show_in_status(
     print(f"quota refusal in status: {rejected['message']}")
     assert "-router" in rejected["message"] and "exceeded quota" in rejected["message"]
     core.delete_namespaced_resource_quota("two-pods", namespace)
-    settled_pdd(cluster, namespace, "quota", timeout=120)
+    wait_settled(cluster.api_client, namespace, "quota", timeout=120)

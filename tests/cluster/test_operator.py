@@ -6,11 +6,8 @@ from __future__ import annotations
 import random
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
 from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, pod_ready, wait_for
 from kubernetes import client
@@ -19,12 +16,14 @@ from operator_harness import (
     RolloutWatcher,
     condition,
     create_pdd,
+    engine_refusal,
     get_pdd,
     is_true,
-    objects_dump,
     patch_spec,
+    ready_after,
     settled,
     table,
+    wait_settled,
 )
 from pdmtp.api import vocabulary as v
 from pdmtp.cli import rendered_children
@@ -33,37 +32,7 @@ from pdmtp.core.revision import compat_revision, target_and_policy
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
-READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
 ROLL_TIMEOUT = 120
-
-
-@pytest.fixture
-def operator(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    # pytest shows a test's captured output only when it fails: then this explains the failure.
-    print("---- operator log ----\n" + op.log_tail(150))
-    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))
-
-
-def spec_of(b: PDDBuilder, delay_ms: int = 800) -> PDDBuilder:
-    annotations = {READY_DELAY: str(delay_ms)}
-    return b.prefill(podAnnotations=annotations).decode(podAnnotations=annotations)
-
-
-def wait_settled(
-    api: client.ApiClient, ns: str, name: str, timeout: float = ROLL_TIMEOUT
-) -> dict[str, Any]:
-    return wait_for(
-        lambda: (o := get_pdd(api, ns, name)) and settled(o) and o,
-        f"{name} settled",
-        timeout,
-        interval=0.5,
-    )
 
 
 def deployments(api: client.ApiClient, ns: str) -> dict[str, client.V1Deployment]:
@@ -94,7 +63,7 @@ def start_watcher(cluster: Cluster, ns: str, name: str, b: PDDBuilder) -> Rollou
 def test_create_becomes_available_matching_render(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(pdd("demo").mtp(3, modules=3).prefill(replicas=2).decode(replicas=1))
+    b = ready_after(pdd("demo").mtp(3, modules=3).prefill(replicas=2).decode(replicas=1))
     create_pdd(cluster.api_client, namespace, b.dict())
     obj = wait_settled(cluster.api_client, namespace, "demo")
 
@@ -175,7 +144,7 @@ def test_create_becomes_available_matching_render(
 def test_paired_rollout_holds_the_invariants(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(
+    b = ready_after(
         pdd("roll")
         .mtp(3, modules=3)
         .prefill(replicas=2)
@@ -213,7 +182,7 @@ def test_paired_rollout_holds_the_invariants(
 def test_role_local_change_rolls_only_that_role_and_scaling_is_no_rollout(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(pdd("local"))
+    b = ready_after(pdd("local"))
     create_pdd(cluster.api_client, namespace, b.dict())
     wait_settled(cluster.api_client, namespace, "local")
     rev = compat_revision(b.build().spec)
@@ -271,7 +240,7 @@ def test_role_local_change_rolls_only_that_role_and_scaling_is_no_rollout(
 def test_incompatible_spec_is_reported_and_touches_nothing(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(pdd("bad").mtp(3))  # mtpModules undeclared
+    b = ready_after(pdd("bad").mtp(3))  # mtpModules undeclared
     create_pdd(cluster.api_client, namespace, b.dict())
     wait_settled(cluster.api_client, namespace, "bad")
     uids = {p.metadata.uid for p in pods(cluster.api_client, namespace)}
@@ -315,13 +284,13 @@ def test_incompatible_spec_is_reported_and_touches_nothing(
 def test_superseded_rollout_completes_to_the_last_spec(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(
+    b = ready_after(
         pdd("abc")
         .mtp(3, modules=4)
         .prefill(replicas=2)
         .decode(replicas=2)
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3),
-        delay_ms=1500,
+        ms=1500,
     )
     create_pdd(cluster.api_client, namespace, b.dict())
     a = wait_settled(cluster.api_client, namespace, "abc")["status"]["currentRevision"]
@@ -360,13 +329,13 @@ def test_superseded_rollout_completes_to_the_last_spec(
 def test_operator_killed_mid_roll_finishes_it_after_restart(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = spec_of(
+    b = ready_after(
         pdd("crash")
         .mtp(3, modules=3)
         .prefill(replicas=2)
         .decode(replicas=2)
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=4),
-        delay_ms=1200,
+        ms=1200,
     )
     create_pdd(cluster.api_client, namespace, b.dict())
     wait_settled(cluster.api_client, namespace, "crash")
@@ -427,16 +396,7 @@ def test_engine_termination_message_surfaces_as_degraded(
     message = (
         "lookahead mismatch: operator expects 3, vLLM computes 1 (method=mtp k=3 mtp_modules=1)"
     )
-    b = (
-        pdd("deg")
-        .mtp(3, modules=3)
-        .decode(
-            podAnnotations={
-                "pdmtp.io/fake-terminate-message": message,
-                "pdmtp.io/fake-exit-code": str(v.LAUNCHER_REFUSED_EXIT_CODE),
-            }
-        )
-    )
+    b = pdd("deg").mtp(3, modules=3).decode(podAnnotations=engine_refusal(message))
     create_pdd(cluster.api_client, namespace, b.dict())
     obj = wait_for(
         lambda: (
@@ -457,7 +417,7 @@ def test_engine_termination_message_surfaces_as_degraded(
 def test_deleting_the_pddeployment_removes_every_child(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    create_pdd(cluster.api_client, namespace, spec_of(pdd("gone")).dict())
+    create_pdd(cluster.api_client, namespace, ready_after(pdd("gone")).dict())
     wait_settled(cluster.api_client, namespace, "gone")
     assert deployments(cluster.api_client, namespace)
     client.CustomObjectsApi(cluster.api_client).delete_namespaced_custom_object(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,52 +16,24 @@ from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from operator_harness import (
+    READY_DELAY,
     OperatorProcess,
     RolloutWatcher,
     condition,
     create_pdd,
+    engine_refusal,
     get_pdd,
-    objects_dump,
     patch_spec,
+    ready_after,
     settled,
+    wait_settled,
 )
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
 from pdmtp.core.revision import compat_revision, target_and_policy
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
-READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
-REFUSE = {
-    "pdmtp.io/fake-terminate-message": "lookahead mismatch: operator expects 2, vLLM computes 1",
-    "pdmtp.io/fake-exit-code": str(v.LAUNCHER_REFUSED_EXIT_CODE),
-}
-
-
-@pytest.fixture
-def operator(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print("---- operator log ----\n" + op.log_tail(120))
-    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))
-
-
-def slow(b: PDDBuilder, ms: int = 700) -> PDDBuilder:
-    return b.prefill(podAnnotations={READY_DELAY: str(ms)}).decode(
-        podAnnotations={READY_DELAY: str(ms)}
-    )
-
-
-def settle(cluster: Cluster, namespace: str, name: str, timeout: float = 120) -> Any:
-    return wait_for(
-        lambda: (o := get_pdd(cluster.api_client, namespace, name)) and settled(o) and o,
-        f"{name} settled",
-        timeout,
-        interval=0.5,
-    )
+REFUSE = engine_refusal("lookahead mismatch: operator expects 2, vLLM computes 1")
 
 
 def progressing(cluster: Cluster, namespace: str, name: str, reason: str, timeout: float) -> Any:
@@ -109,15 +80,16 @@ def events(cluster: Cluster, namespace: str, name: str) -> list[client.CoreV1Eve
 def test_an_engine_refusal_rolls_back_and_the_old_revision_keeps_its_floor(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = slow(
+    b = ready_after(
         pdd("back")
         .mtp(3, modules=3)
         .prefill(replicas=2)
         .decode(replicas=2)
-        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=2)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=2),
+        700,
     )
     create_pdd(cluster.api_client, namespace, b.dict())
-    old = settle(cluster, namespace, "back")["status"]["currentRevision"]
+    old = wait_settled(cluster.api_client, namespace, "back")["status"]["currentRevision"]
     watcher = watch(cluster, namespace, "back", b)
     b.mtp(2, modules=3).prefill(podAnnotations={READY_DELAY: "700", **REFUSE})
     failed = compat_revision(b.build().spec)
@@ -158,9 +130,9 @@ def test_an_engine_refusal_rolls_back_and_the_old_revision_keeps_its_floor(
     # A merge patch keeps keys it does not name: remove the refusal's annotations explicitly.
     spec["prefill"]["podAnnotations"].update(dict.fromkeys(REFUSE))
     patch_spec(cluster.api_client, namespace, "back", spec)
-    assert settle(cluster, namespace, "back")["status"]["currentRevision"] == compat_revision(
-        b.build().spec
-    )
+    assert wait_settled(cluster.api_client, namespace, "back")["status"][
+        "currentRevision"
+    ] == compat_revision(b.build().spec)
 
 
 def test_the_progress_deadline_fails_a_stalled_rollout_and_holds(
@@ -178,7 +150,7 @@ def test_the_progress_deadline_fails_a_stalled_rollout_and_holds(
         )
     )
     create_pdd(cluster.api_client, namespace, b.dict())
-    old = settle(cluster, namespace, "stall")["status"]["currentRevision"]
+    old = wait_settled(cluster.api_client, namespace, "stall")["status"]["currentRevision"]
     # The new revision's pods fit no node.
     b.mtp(2, modules=3).decode(nodeSelector={"pdmtp.io/no-such-node": "x"})
     patch_spec(cluster.api_client, namespace, "stall", b.dict()["spec"])
@@ -203,11 +175,11 @@ def test_the_progress_deadline_fails_a_stalled_rollout_and_holds(
 def test_pause_freezes_a_rollout_and_resume_finishes_it(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = slow(pdd("pause").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 1500).rollout(
-        maxSurge=1, maxUnavailable=0, drainSeconds=1
-    )
+    b = ready_after(
+        pdd("pause").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 1500
+    ).rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
     create_pdd(cluster.api_client, namespace, b.dict())
-    settle(cluster, namespace, "pause")
+    wait_settled(cluster.api_client, namespace, "pause")
     b.mtp(2, modules=3)
     new = compat_revision(b.build().spec)
     patch_spec(cluster.api_client, namespace, "pause", b.dict()["spec"])
@@ -227,10 +199,10 @@ def test_pause_freezes_a_rollout_and_resume_finishes_it(
 def test_a_canary_holds_at_its_share_until_promoted(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = slow(pdd("canary").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2))
+    b = ready_after(pdd("canary").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 700)
     b.rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1, canary={"percent": 50})
     create_pdd(cluster.api_client, namespace, b.dict())
-    old = settle(cluster, namespace, "canary")["status"]["currentRevision"]
+    old = wait_settled(cluster.api_client, namespace, "canary")["status"]["currentRevision"]
     watcher = watch(cluster, namespace, "canary", b)
     b.mtp(2, modules=3)
     new = compat_revision(b.build().spec)
@@ -261,7 +233,7 @@ def test_undo_returns_to_a_recorded_revision(
 ) -> None:
     b = pdd("undo").mtp(3, modules=3).rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
     create_pdd(cluster.api_client, namespace, b.dict())
-    first = settle(cluster, namespace, "undo")["status"]["currentRevision"]
+    first = wait_settled(cluster.api_client, namespace, "undo")["status"]["currentRevision"]
     b.mtp(2, modules=3)
     patch_spec(cluster.api_client, namespace, "undo", b.dict()["spec"])
     second = compat_revision(b.build().spec)
@@ -298,11 +270,11 @@ def test_undo_returns_to_a_recorded_revision(
 def test_scaling_mid_roll_applies_at_once_and_keeps_the_invariants(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
-    b = slow(pdd("scale").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 1500).rollout(
-        maxSurge=1, maxUnavailable=0, drainSeconds=1
-    )
+    b = ready_after(
+        pdd("scale").mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 1500
+    ).rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
     create_pdd(cluster.api_client, namespace, b.dict())
-    settle(cluster, namespace, "scale")
+    wait_settled(cluster.api_client, namespace, "scale")
     watcher = watch(cluster, namespace, "scale", b)
     b.mtp(2, modules=3)
     new = compat_revision(b.build().spec)
@@ -312,7 +284,7 @@ def test_scaling_mid_roll_applies_at_once_and_keeps_the_invariants(
     b.prefill(replicas=3).decode(replicas=1)
     watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "scale", b.dict()["spec"])
-    obj = settle(cluster, namespace, "scale", 150)
+    obj = wait_settled(cluster.api_client, namespace, "scale", 150)
     watcher.stop()
     assert watcher.violations == [], watcher.violations[:5]
     assert obj["status"]["currentRevision"] == new, "the roll restarted on another revision"
@@ -341,16 +313,18 @@ def test_a_full_cluster_rolls_pair_by_pair_and_says_what_would_work(
         pytest.skip("needs the local cluster's known fake GPU capacity")
     wait_for(lambda: _free_gpus(cluster) == 32, "every fake GPU free", 120, interval=1)
     # 2 prefill + 2 decode at 8 GPUs each: every GPU of the 4 fake nodes taken.
-    b = slow(pdd("full").mtp(3, modules=3).prefill(replicas=2, tp=8).decode(replicas=2, tp=8), 300)
+    b = ready_after(
+        pdd("full").mtp(3, modules=3).prefill(replicas=2, tp=8).decode(replicas=2, tp=8), 300
+    )
     b.rollout(maxSurge=0, maxUnavailable=1, drainSeconds=1)
     create_pdd(cluster.api_client, namespace, b.dict())
-    settle(cluster, namespace, "full")
+    wait_settled(cluster.api_client, namespace, "full")
     assert _free_gpus(cluster) == 0
     watcher = watch(cluster, namespace, "full", b)
     b.mtp(2, modules=3)
     watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "full", b.dict()["spec"])
-    obj = settle(cluster, namespace, "full", 180)
+    obj = wait_settled(cluster.api_client, namespace, "full", 180)
     watcher.stop()
     assert watcher.violations == [], watcher.violations[:5]
     assert obj["status"]["currentRevision"] == compat_revision(b.build().spec)
@@ -369,10 +343,10 @@ def test_one_replica_roles_never_stall(
 ) -> None:
     for policy in ({"maxSurge": 1, "maxUnavailable": 0}, {"maxSurge": 0, "maxUnavailable": 1}):
         name = "one" if policy["maxSurge"] else "one-nosurge"
-        b = slow(pdd(name).mtp(3, modules=3), 300).rollout(drainSeconds=1, **policy)
+        b = ready_after(pdd(name).mtp(3, modules=3), 300).rollout(drainSeconds=1, **policy)
         create_pdd(cluster.api_client, namespace, b.dict())
-        settle(cluster, namespace, name)
+        wait_settled(cluster.api_client, namespace, name)
         b.mtp(2, modules=3)
         patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
-        obj = settle(cluster, namespace, name, 90)
+        obj = wait_settled(cluster.api_client, namespace, name, 90)
         assert obj["status"]["currentRevision"] == compat_revision(b.build().spec)

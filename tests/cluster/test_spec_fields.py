@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
@@ -16,39 +14,18 @@ from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from operator_harness import (
+    READY_DELAY,
     OperatorProcess,
     create_pdd,
     get_pdd,
-    objects_dump,
     patch_spec,
     settled,
+    wait_settled,
 )
 from pdmtp.api import vocabulary as v
 from pdmtp.core.revision import compat_revision
 
 RACK = "pdmtp.io/test-rack"
-READY_DELAY = "pdmtp.io/fake-ready-delay-ms"
-
-
-@pytest.fixture
-def operator(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print("---- operator log ----\n" + op.log_tail(100))
-    print("---- namespace ----\n" + "\n".join(objects_dump(cluster.api_client, namespace)))
-
-
-def wait_settled(cluster: Cluster, namespace: str, name: str, timeout: float = 120) -> Any:
-    return wait_for(
-        lambda: (o := get_pdd(cluster.api_client, namespace, name)) and settled(o) and o,
-        f"{name} settled",
-        timeout,
-        interval=0.5,
-    )
 
 
 def engine_pods(cluster: Cluster, namespace: str, name: str) -> list[client.V1Pod]:
@@ -106,7 +83,7 @@ def test_pvc_weights_reach_available_in_both_roles(
         b = pdd("pvc").mtp(3, modules=3)
         b.spec["model"]["source"] = {"pvc": {"claimName": "weights", "subPath": "ckpt"}}
         create_pdd(cluster.api_client, namespace, b.dict())
-        wait_settled(cluster, namespace, "pvc")
+        wait_settled(cluster.api_client, namespace, "pvc")
         pods = engine_pods(cluster, namespace, "pvc")
         assert {p.metadata.labels[v.LABEL_ROLE] for p in pods} == {"prefill", "decode"}
         for p in pods:
@@ -130,7 +107,7 @@ def test_a_hub_token_is_referenced_never_copied(
     b = pdd("gated")
     b.spec["model"]["source"] = {"hub": {"tokenSecretRef": {"name": "hf", "key": "token"}}}
     create_pdd(cluster.api_client, namespace, b.dict())
-    obj = wait_settled(cluster, namespace, "gated")
+    obj = wait_settled(cluster.api_client, namespace, "gated")
     pods = engine_pods(cluster, namespace, "gated")
     assert len(pods) == 2
     for p in pods:
@@ -186,7 +163,7 @@ def test_prefill_and_decode_of_a_revision_share_a_rack(
             .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
         )
         create_pdd(cluster.api_client, namespace, b.dict())
-        wait_settled(cluster, namespace, "rack")
+        wait_settled(cluster.api_client, namespace, "rack")
         first = racks_by_revision(cluster, namespace, "rack")
         assert all(len(r) == 1 for r in first.values()), first
 

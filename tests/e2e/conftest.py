@@ -8,19 +8,18 @@ the PDMTP_E2E_* image names set. Without them the tier skips, or fails under PDM
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import shutil
 import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from urllib.parse import urlparse
 
 import pytest
-import yaml
+from cluster.kubehelpers import kubeconfig_server
 from e2e.kindkit import Images, Kind, KubectlError
 from localcluster import default_bin_dir
+from loopback import is_loopback_url
 
 _kind: Kind | None = None
 _namespaces: list[str] = []
@@ -50,17 +49,10 @@ def _unavailable(why: str) -> None:
     pytest.skip(why)
 
 
-def _server_is_loopback(kubeconfig: Path) -> str:
-    doc = yaml.safe_load(kubeconfig.read_text()) or {}
-    current = doc.get("current-context")
-    ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == current), {})
-    clusters = doc.get("clusters", [])
-    cluster = next((c["cluster"] for c in clusters if c["name"] == ctx.get("cluster")), {})
-    server = cluster.get("server", "")
-    host = urlparse(server).hostname or ""
-    if not ipaddress.ip_address(host).is_loopback:
+def _loopback_only(kubeconfig: Path) -> None:
+    server = kubeconfig_server(kubeconfig)
+    if not is_loopback_url(server):
         pytest.fail(f"{kubeconfig}: server {server!r} is not on loopback; refusing to test it")
-    return server
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +63,7 @@ def kind() -> Iterator[Kind]:
     kubeconfig = Path(os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or "/nonexistent")
     if not kubeconfig.is_file():
         _unavailable(f"no kubeconfig at {kubeconfig}")
-    _server_is_loopback(kubeconfig)
+    _loopback_only(kubeconfig)
     kubectl = os.environ.get("PDMTP_KUBECTL") or str(default_bin_dir() / "kubectl")
     if not shutil.which(kubectl):
         _unavailable(f"no kubectl at {kubectl}")

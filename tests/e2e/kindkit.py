@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from cluster import kubehelpers
 
 T = TypeVar("T")
 
@@ -27,9 +28,6 @@ IMAGE_ENV = {
 ENGINE_MODEL_ENV = "PDMTP_E2E_ENGINE_MODEL"
 """A checkpoint directory inside the engine image (hack/kind-e2e.sh adds it to the image)."""
 OPERATOR_NAMESPACE = "pdmtp-system"
-LABEL_NAME = "pdmtp.io/name"
-LABEL_ROLE = "pdmtp.io/role"
-LABEL_REVISION = "pdmtp.io/revision"
 
 
 @dataclass(frozen=True)
@@ -54,20 +52,11 @@ class KubectlError(RuntimeError):
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float, every: float = 1.0) -> T:
-    """Poll until `probe` returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = probe()
-            if value:
-                return value
-        except (KubectlError, LookupError, ValueError) as exc:
-            last_error = exc
-        if time.monotonic() > deadline:
-            suffix = f" (last error: {last_error})" if last_error else ""
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{suffix}")
-        time.sleep(every)
+    """Poll until `probe` returns something truthy; kubectl failures and missing fields mean
+    "not yet"."""
+    return kubehelpers.wait_for(
+        probe, what, timeout, interval=every, transient=(KubectlError, LookupError, ValueError)
+    )
 
 
 @dataclass

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 from builders import pdd
-from e2e.kindkit import LABEL_NAME, LABEL_REVISION, LABEL_ROLE, Kind, LoadRun, wait_for
+from e2e.kindkit import Kind, LoadRun, wait_for
+from pdmtp.api.vocabulary import LABEL_NAME, LABEL_REVISION, LABEL_ROLE
 
 NAME = "pd"
 BOOTSTRAP_PORT = 8998
