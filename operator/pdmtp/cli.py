@@ -22,9 +22,9 @@ from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, Step, Target
 from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
-from pdmtp.core.revision import compat_revision, role_hash, target_and_policy
-from pdmtp.core.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.core.revision import revision_of, role_hash, target_and_policy
 from pdmtp.core.validation import Problem, field_problems, validate
+from pdmtp.simulate import InvariantViolation, SimCluster, Trace, run
 
 EXIT_COMPATIBLE = 0
 EXIT_INCOMPATIBLE = 1
@@ -136,7 +136,7 @@ def validate_file(path: str) -> list[FileVerdict]:
         verdict = validate(doc)
         assert verdict.pdd is not None and verdict.agreement is not None
         code = EXIT_COMPATIBLE if verdict.compatible else EXIT_INCOMPATIBLE
-        revision = compat_revision(verdict.pdd.spec) if verdict.compatible else None
+        revision = revision_of(verdict.agreement.settings) if verdict.compatible else None
         verdicts.append(FileVerdict(source, code, verdict.agreement, revision, verdict.problems))
     return verdicts
 
@@ -159,10 +159,13 @@ def rendered_children(pdd: PDDeployment) -> list[dict[str, Any]]:
             "incompatible spec, nothing to render: "
             + "; ".join(f"{f.reason}: {f.message}" for f in agreement.findings)
         )
-    spec = pdd.spec
-    replicas = RevisionReplicas(spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
-    revision = compat_revision(spec)
-    return [*shared_children(pdd), *revision_children(pdd, revision, replicas, agreement, None)]
+    target, _ = target_and_policy(agreement)
+    assert target.revision is not None
+    replicas = RevisionReplicas(target.prefill, target.decode, target.router)
+    return [
+        *shared_children(pdd, agreement.settings),
+        *revision_children(pdd, target.revision, replicas, agreement, None),
+    ]
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -239,8 +242,8 @@ def format_trace(trace: Trace, revisions: list[str]) -> str:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     old, new = load_one(args.from_file), load_one(args.to_file)
-    start, _ = target_and_policy(old.spec, check(old.spec))
-    target, policy = target_and_policy(new.spec, check(new.spec))
+    start, _ = target_and_policy(check(old.spec))
+    target, policy = target_and_policy(check(new.spec))
     if start.revision is None:
         raise UnusableInput(f"{args.from_file}: incompatible, so it cannot be what is serving")
     if target.revision is None:

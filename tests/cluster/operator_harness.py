@@ -302,7 +302,7 @@ class RolloutWatcher:
 
     def expect(self, spec: PDDeploymentSpec) -> None:
         """The spec is about to become `spec`: bounds and the anchor from what serves now."""
-        target, _ = target_and_policy(spec, check(spec))
+        target, _ = target_and_policy(check(spec))
         with self._lock:
             self.monitor.retarget(self._states(), target)
 

@@ -51,7 +51,7 @@ def revisions_present(api: client.ApiClient, ns: str) -> set[str]:
 
 def start_watcher(cluster: Cluster, ns: str, name: str, b: PDDBuilder) -> RolloutWatcher:
     spec = b.build().spec
-    target_policy = target_and_policy(spec, check(spec))[1]
+    target_policy = target_and_policy(check(spec))[1]
     w = RolloutWatcher(cluster.api_client, ns, name, target_policy)
     w.start(spec)
     return w

@@ -51,7 +51,7 @@ def progressing(cluster: Cluster, namespace: str, name: str, reason: str, timeou
 
 def watch(cluster: Cluster, namespace: str, name: str, b: PDDBuilder) -> RolloutWatcher:
     spec = b.build().spec
-    w = RolloutWatcher(cluster.api_client, namespace, name, target_and_policy(spec, check(spec))[1])
+    w = RolloutWatcher(cluster.api_client, namespace, name, target_and_policy(check(spec))[1])
     w.start(spec)
     return w
 

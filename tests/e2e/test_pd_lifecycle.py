@@ -46,6 +46,8 @@ def spec_for(kind: Kind) -> dict[str, Any]:
         .mtp(3, modules=3, method="deepseek_mtp")
         .router(image=kind.images.router)
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
+        # Emulated engines stop at once: 3 s of serving after they are told to stop, not 60.
+        .set(pod={"terminationGracePeriodSeconds": 33})
         .dict()
     )
     return obj

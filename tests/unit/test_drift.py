@@ -9,6 +9,7 @@ from typing import Any
 from builders import pdd
 from pdmtp.core.agreement import check
 from pdmtp.core.drift import drifted
+from pdmtp.core.effective import resolve
 from pdmtp.core.render import engine_deployment, shared_children
 from pdmtp.core.revision import compat_revision
 
@@ -48,7 +49,8 @@ def test_a_served_copy_of_the_rendered_manifest_has_no_drift() -> None:
 
 
 def test_shared_children_as_served_have_no_drift() -> None:
-    for manifest in shared_children(pdd("x").build()):
+    obj = pdd("x").build()
+    for manifest in shared_children(obj, resolve(obj.spec)):
         live = copy.deepcopy(manifest)
         if manifest["kind"] == "Service":
             live["spec"].update(

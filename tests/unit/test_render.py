@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from builders import PDDBuilder, pdd
 from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import check
+from pdmtp.core.effective import resolve
 from pdmtp.core.observe import Membership, Prefill
 from pdmtp.core.render import (
     RevisionReplicas,
@@ -18,6 +20,7 @@ from pdmtp.core.render import (
     shared_children,
 )
 from pdmtp.core.revision import compat_revision
+from pdmtp.core.weights import served_model
 
 
 def children(b: PDDBuilder, membership: Membership | None = None) -> dict[str, dict[str, Any]]:
@@ -26,7 +29,7 @@ def children(b: PDDBuilder, membership: Membership | None = None) -> dict[str, d
     replicas = RevisionReplicas(spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
     rev = compat_revision(spec)
     rendered = [
-        *shared_children(obj),
+        *shared_children(obj, resolve(spec)),
         *revision_children(obj, rev, replicas, check(spec), membership),
     ]
     return {f"{c['kind']}/{c['metadata']['name']}": c for c in rendered}
@@ -40,6 +43,11 @@ def engine(objs: dict[str, dict[str, Any]], role: str) -> dict[str, Any]:
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
     c: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
     return c
+
+
+def args_of(spec: PDDeploymentSpec, role: str) -> list[str]:
+    eff = resolve(spec)
+    return engine_args(eff.shared, eff.role(role), served_model(eff.shared.model))  # type: ignore[arg-type]
 
 
 def flag(args: list[str], name: str) -> str:
@@ -107,7 +115,7 @@ def test_unknown_lookahead_sets_no_expectation() -> None:
 )
 def test_engine_flags_load_the_fixed_connector(role: str, kv_role: str) -> None:
     spec = pdd().mtp(2, modules=2).rdma("mlx5_0", "mlx5_1").build().spec
-    args = engine_args(spec, role)
+    args = args_of(spec, role)
     assert args[:3] == ["vllm", "serve", "org/model"]
     kv = json.loads(flag(args, "--kv-transfer-config"))
     assert kv == {
@@ -127,26 +135,52 @@ def test_engine_flags_load_the_fixed_connector(role: str, kv_role: str) -> None:
 
 def test_role_k_override_and_extra_args_land_on_that_role_only() -> None:
     spec = pdd().mtp(1, modules=1).prefill(k=3, extra_args=["--enforce-eager"]).build().spec
-    p, d = engine_args(spec, "prefill"), engine_args(spec, "decode")
+    p, d = args_of(spec, "prefill"), args_of(spec, "decode")
     assert json.loads(flag(p, "--speculative-config"))["num_speculative_tokens"] == 3
     assert json.loads(flag(d, "--speculative-config"))["num_speculative_tokens"] == 1
     assert p[-1] == "--enforce-eager" and "--enforce-eager" not in d
 
 
 def test_no_speculation_renders_no_speculative_config() -> None:
-    assert "--speculative-config" not in engine_args(pdd().no_speculation().build().spec, "decode")
+    assert "--speculative-config" not in args_of(pdd().no_speculation().build().spec, "decode")
 
 
-def test_pods_survive_model_loads_and_drain_gracefully() -> None:
-    d = engine(children(pdd().rollout(drainSeconds=90)), "prefill")
+def _stop(objs: dict[str, dict[str, Any]], role: str) -> tuple[int, int]:
+    """(grace period, preStop sleep) of a role's engine pods."""
+    pod = engine(objs, role)["spec"]["template"]["spec"]
+    return pod["terminationGracePeriodSeconds"], container({"spec": {"template": {"spec": pod}}})[
+        "lifecycle"
+    ]["preStop"]["sleep"]["seconds"]
+
+
+def test_pods_survive_model_loads_and_stop_gracefully() -> None:
+    d = engine(children(pdd()), "prefill")
     pod = d["spec"]["template"]["spec"]
     c = pod["containers"][0]
     startup = c["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    assert pod["terminationGracePeriodSeconds"] >= 90
-    assert c["lifecycle"]["preStop"]["sleep"]["seconds"] == 90
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # Serving for all but the shutdown's share of the grace period; 90 s unless the role says.
+    assert _stop(children(pdd()), "decode") == (90, 60)
+    own = children(
+        pdd()
+        .set(pod={"terminationGracePeriodSeconds": 200})
+        .decode(pod={"terminationGracePeriodSeconds": 31})
+    )
+    assert _stop(own, "prefill") == (200, 170) and _stop(own, "decode") == (31, 1)
+    assert _stop(children(pdd().decode(pod={"terminationGracePeriodSeconds": 5})), "decode") == (
+        5,
+        1,
+    )
+
+
+def test_drain_seconds_reaches_no_pod() -> None:
+    """spec.rollout.drainSeconds times the operator's drain of a retiring revision; a change
+    to it must not replace a serving pod (it used to set the grace period and preStop)."""
+    before, after = children(pdd()), children(pdd().rollout(drainSeconds=600))
+    for role in ("prefill", "decode", "router"):
+        assert engine(before, role)["spec"]["template"] == engine(after, role)["spec"]["template"]
 
 
 def test_prefill_advertises_its_bootstrap_port() -> None:
@@ -176,14 +210,15 @@ def test_router_lists_exactly_its_membership_and_stays_down_without_one() -> Non
     members = Membership(
         (Prefill("http://192.0.2.1:8000", 8998),), ("http://192.0.2.2:8000",), "t1"
     )
-    up = router_deployment(obj, "rev1", 2, members)
+    eff = resolve(obj.spec)
+    up = router_deployment(obj, eff, "rev1", 2, members)
     args = container(up)["args"]
     assert flag(args, "--prefill") == "http://192.0.2.1:8000" and flag(args, "--decode")
     assert up["spec"]["replicas"] == 2
     tmpl = up["spec"]["template"]
     assert tmpl["metadata"]["annotations"][v.ANNOTATION_ROUTER_MEMBERSHIP] == "t1"
     assert tmpl["spec"]["automountServiceAccountToken"] is False
-    down = router_deployment(obj, "rev1", 2, Membership((), ("http://192.0.2.2:8000",), "t2"))
+    down = router_deployment(obj, eff, "rev1", 2, Membership((), ("http://192.0.2.2:8000",), "t2"))
     assert down["spec"]["replicas"] == 0
-    drained = router_deployment(obj, "rev1", 0, members, drain_until="2026-01-01T00:00:00Z")
+    drained = router_deployment(obj, eff, "rev1", 0, members, drain_until="2026-01-01T00:00:00Z")
     assert drained["metadata"]["annotations"][v.ANNOTATION_DRAIN_UNTIL] == "2026-01-01T00:00:00Z"

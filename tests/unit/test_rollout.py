@@ -28,12 +28,12 @@ def steering(
     generation: int = 1,
 ) -> Steering:
     spec = b.build().spec
-    target, policy = target_and_policy(spec, check(spec))
+    target, policy = target_and_policy(check(spec))
     return steer(spec, target, policy, states, health, old, now, promoted, generation)
 
 
 def new_state(b: PDDBuilder, ready: int = 0) -> RevisionState:
-    rev = target_and_policy(b.build().spec, check(b.build().spec))[0].revision
+    rev = target_and_policy(check(b.build().spec))[0].revision
     assert rev is not None
     return RevisionState(rev, RoleState(1, 1, ready), RoleState(1, 1, ready), created=5)
 

@@ -302,6 +302,18 @@ class PodSettings(Model):
     volume_mounts: list[VolumeMount] | None = Field(
         default=None, max_length=32, description="Where the extra volumes appear in the engine."
     )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=86400,
+        description=(
+            "Seconds an engine pod has to stop once it is told to (default "
+            f"{v.DEFAULT_ENGINE_GRACE_SECONDS}): it keeps answering for all but the last "
+            f"{v.ENGINE_SHUTDOWN_SECONDS} (a preStop sleep of at least 1 s), so a router that "
+            "still lists it is served, then vLLM shuts down. Role-local: a change rolls the role; "
+            "spec.rollout.drainSeconds does not touch it."
+        ),
+    )
 
     def over(self, shared: PodSettings | None) -> PodSettings:
         """These settings laid over `shared`: every field this one sets wins."""

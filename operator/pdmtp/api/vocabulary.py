@@ -87,6 +87,12 @@ RDMA_RESOURCE: Final = "rdma/hca_shared_devices_a"
 # Defaults the API applies (the CRD's defaults are generated from the model, which reads these).
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default; also what vllm-router assumes when given none."""
+ENGINE_SHUTDOWN_SECONDS: Final = 30
+"""The last part of an engine pod's grace period: vLLM's own shutdown after SIGTERM."""
+DEFAULT_ENGINE_GRACE_SECONDS: Final = 90
+"""An engine pod's terminationGracePeriodSeconds unless spec.pod says otherwise: 60 s of serving
+after it is told to stop, then the shutdown (the template pdmtp rendered for drainSeconds' default
+before the two were separated, so such pods are not replaced on upgrade)."""
 ROUTER_VERSION: Final = "0.1.17"
 """The vllm-router release images/router pins and core/router.py renders flags for."""
 DEFAULT_ROUTER_IMAGE: Final = f"pdmtp-router:{ROUTER_VERSION}"

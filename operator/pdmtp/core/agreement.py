@@ -21,9 +21,9 @@ from pdmtp.api.v1alpha1 import (
     SPECULATIVE_OVERRIDE_RULE,
     TP_DIVISIBLE_RULE,
     PDDeploymentSpec,
-    RoleSpec,
 )
-from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
+from pdmtp.api.vocabulary import EngineRole, by_role
+from pdmtp.core.effective import Effective, EngineRoleSettings, resolve
 from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_lookahead
 
 
@@ -37,8 +37,10 @@ class Finding:
 
 @dataclass(frozen=True)
 class Agreement:
-    """The verdict on a spec: the derived lookahead and every rule it breaks."""
+    """The verdict on resolved settings: the lookahead each role derives and every rule broken."""
 
+    settings: Effective
+    """What was judged; rendering and hashing read it."""
     prefill_lookahead: int | None
     decode_lookahead: int | None
     prefill_backoff: int | None
@@ -52,40 +54,24 @@ class Agreement:
         return by_role(role, self.prefill_lookahead, self.decode_lookahead)
 
 
-def speculative_tokens(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
-    """The k a role runs with: its override, else the shared one; None without speculation."""
-    if spec.speculative is None:
-        return None
-    if role.speculative is not None:
-        return role.speculative.num_speculative_tokens
-    return spec.speculative.num_speculative_tokens
-
-
-def role_lookahead(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
+def role_lookahead(eff: Effective, role: EngineRoleSettings) -> int | None:
     """The lookahead a role's engine will derive; None where it depends on an undeclared
     checkpoint property (multi-token MTP with spec.model.mtpModules unset)."""
-    k = speculative_tokens(spec, role)
-    if spec.speculative is None or k is None:
+    speculative = eff.shared.speculative
+    k = role.compat.num_speculative_tokens
+    if speculative is None or k is None:
         return 0
-    method = spec.speculative.method
-    mtp_modules = spec.model.mtp_modules
+    mtp_modules = eff.shared.model.mtp_modules
     if mtp_modules is None:
-        if normalise_method(method) == "mtp" and k > 1:
+        if normalise_method(speculative.method) == "mtp" and k > 1:
             return None  # 1 or k, depending on num_nextn_predict_layers
         mtp_modules = 1
-    return prefill_lookahead(method, k, mtp_modules)
+    return prefill_lookahead(speculative.method, k, mtp_modules)
 
 
-def role_max_model_len(spec: PDDeploymentSpec, role: RoleSpec) -> int | None:
-    """A role's context length: its override, else the shared one (None: vLLM decides)."""
-    return role.max_model_len if role.max_model_len is not None else spec.engine.max_model_len
-
-
-def _lookahead_findings(
-    spec: PDDeploymentSpec, prefill: int | None, decode: int | None
-) -> list[Finding]:
-    k_prefill = speculative_tokens(spec, spec.prefill)
-    k_decode = speculative_tokens(spec, spec.decode)
+def _lookahead_findings(eff: Effective, prefill: int | None, decode: int | None) -> list[Finding]:
+    k_prefill = eff.prefill.compat.num_speculative_tokens
+    k_decode = eff.decode.compat.num_speculative_tokens
     if (prefill is None or decode is None) and k_prefill != k_decode:
         return [
             Finding(
@@ -103,16 +89,17 @@ def _lookahead_findings(
                 reasons.LOOKAHEAD_MISMATCH,
                 f"the prefill derives lookahead {prefill} (numSpeculativeTokens {k_prefill}) but "
                 f"the decode derives {decode} (numSpeculativeTokens {k_decode}) with "
-                f"mtpModules {spec.model.mtp_modules}: set spec.prefill.speculative and "
+                f"mtpModules {eff.shared.model.mtp_modules}: set spec.prefill.speculative and "
                 "spec.decode.speculative numSpeculativeTokens so both derive the same lookahead",
             )
         ]
     return []
 
 
-def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
+def _structure_findings(eff: Effective) -> list[Finding]:
     findings: list[Finding] = []
-    tp_p, tp_d = spec.prefill.tensor_parallel_size, spec.decode.tensor_parallel_size
+    p, d = eff.prefill.compat, eff.decode.compat
+    tp_p, tp_d = p.tensor_parallel_size, d.tensor_parallel_size
     if tp_p % tp_d and tp_d % tp_p:
         findings.append(
             Finding(
@@ -120,7 +107,7 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
                 f"{TP_DIVISIBLE_RULE.message} (prefill {tp_p}, decode {tp_d})",
             )
         )
-    len_p, len_d = role_max_model_len(spec, spec.prefill), role_max_model_len(spec, spec.decode)
+    len_p, len_d = p.max_model_len, d.max_model_len
     if len_p is not None and len_d is not None and len_d < len_p:
         findings.append(
             Finding(
@@ -129,55 +116,50 @@ def _structure_findings(spec: PDDeploymentSpec) -> list[Finding]:
                 "spec.engine.maxModelLen included)",
             )
         )
-    if spec.speculative is None:
-        for name, role in ((r, spec.role(r)) for r in ENGINE_ROLES):
-            if role.speculative is not None:
+    speculative = eff.shared.speculative
+    if speculative is None:
+        for role in eff.roles:
+            if role.compat.speculative_override:
                 findings.append(
                     Finding(
                         reasons.SPECULATIVE_OVERRIDE_WITHOUT_METHOD,
-                        f"{SPECULATIVE_OVERRIDE_RULE.message} (spec.{name}.speculative is set)",
+                        f"{SPECULATIVE_OVERRIDE_RULE.message} (spec.{role.name}.speculative is "
+                        "set)",
                     )
                 )
-    elif spec.speculative.method in DRAFT_MODEL_METHODS and spec.speculative.draft_model is None:
+    elif speculative.method in DRAFT_MODEL_METHODS and speculative.draft_model is None:
         findings.append(
             Finding(
                 reasons.DRAFT_MODEL_MISSING,
-                f"spec.speculative.method {spec.speculative.method} drafts with a separate model: "
+                f"spec.speculative.method {speculative.method} drafts with a separate model: "
                 "set spec.speculative.draftModel",
             )
         )
-    modules = spec.model.mtp_modules
-    if (
-        spec.speculative is not None
-        and normalise_method(spec.speculative.method) == "mtp"
-        and modules
-    ):
-        for name, role in ((r, spec.role(r)) for r in ENGINE_ROLES):
-            k = speculative_tokens(spec, role)
+    modules = eff.shared.model.mtp_modules
+    if speculative is not None and normalise_method(speculative.method) == "mtp" and modules:
+        for role in eff.roles:
+            k = role.compat.num_speculative_tokens
             if k is not None and k > modules and k % modules:
                 findings.append(
                     Finding(
                         reasons.SPECULATIVE_TOKENS_INDIVISIBLE,
-                        f"spec.{name} runs numSpeculativeTokens {k} with mtpModules {modules}: "
-                        "vLLM refuses more draft tokens than MTP modules unless they are a "
-                        f"multiple; use at most {modules} or a multiple of it",
+                        f"spec.{role.name} runs numSpeculativeTokens {k} with mtpModules "
+                        f"{modules}: vLLM refuses more draft tokens than MTP modules unless they "
+                        f"are a multiple; use at most {modules} or a multiple of it",
                     )
                 )
-    if spec.kv_transfer.protocol == "rdma" and not spec.kv_transfer.device_names:
-        findings.append(
-            Finding(
-                reasons.RDMA_DEVICES_MISSING,
-                RDMA_DEVICES_RULE.message,
-            )
-        )
+    kv = eff.shared.kv_transfer
+    if kv.protocol == "rdma" and not kv.device_names:
+        findings.append(Finding(reasons.RDMA_DEVICES_MISSING, RDMA_DEVICES_RULE.message))
     return findings
 
 
-def _flag_findings(spec: PDDeploymentSpec) -> list[Finding]:
+def _flag_findings(eff: Effective) -> list[Finding]:
     findings: list[Finding] = []
-    sources = [("spec.engine.extraArgs", spec.engine.extra_args, ENGINE_EXTRA_ARGS_RULE)]
+    sources = [("spec.engine.extraArgs", eff.shared.engine.extra_args, ENGINE_EXTRA_ARGS_RULE)]
     sources += [
-        (f"spec.{r}.extraArgs", spec.role(r).extra_args, ROLE_EXTRA_ARGS_RULE) for r in ENGINE_ROLES
+        (f"spec.{r.name}.extraArgs", list(r.local.extra_args), ROLE_EXTRA_ARGS_RULE)
+        for r in eff.roles
     ]
     for path, args, rule in sources:
         flags = owned_flags_in(args)
@@ -189,15 +171,21 @@ def _flag_findings(spec: PDDeploymentSpec) -> list[Finding]:
     return findings
 
 
-def check(spec: PDDeploymentSpec) -> Agreement:
+def judge(eff: Effective) -> Agreement:
     """Every cross-role rule, in a stable order, with the lookahead each role derives."""
-    prefill = role_lookahead(spec, spec.prefill)
-    decode = role_lookahead(spec, spec.decode)
+    prefill = role_lookahead(eff, eff.prefill)
+    decode = role_lookahead(eff, eff.decode)
     findings = [
-        *_lookahead_findings(spec, prefill, decode),
-        *_structure_findings(spec),
-        *_flag_findings(spec),
+        *_lookahead_findings(eff, prefill, decode),
+        *_structure_findings(eff),
+        *_flag_findings(eff),
     ]
     agreed = prefill if prefill == decode else None
-    backoff = None if agreed is None else prefill_backoff(agreed, spec.engine.state_backoff)
-    return Agreement(prefill, decode, backoff, tuple(findings))
+    state_backoff = eff.shared.engine.state_backoff
+    backoff = None if agreed is None else prefill_backoff(agreed, state_backoff)
+    return Agreement(eff, prefill, decode, backoff, tuple(findings))
+
+
+def check(spec: PDDeploymentSpec) -> Agreement:
+    """`judge` the spec's resolved settings."""
+    return judge(resolve(spec))

@@ -170,7 +170,7 @@ def decide(observed: Observed, now: float) -> Decision:
         unusable = Report(written, written != _without_none(raw_status), events)
         return Decision((), None, None, _unusable=unusable)
     pdd, agreement = verdict.pdd, verdict.agreement
-    spec_target, spec_policy = target_and_policy(pdd.spec, agreement)
+    spec_target, spec_policy = target_and_policy(agreement)
 
     # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
     name = pdd.metadata.name
@@ -192,7 +192,8 @@ def decide(observed: Observed, now: float) -> Decision:
     existing.update({key_of(o): o for o in observed.others})
     actions: list[Action] = []
     if agreement.compatible:
-        actions += [a for m in shared_children(pdd) if (a := apply_if_drifted(m, existing))]
+        children = shared_children(pdd, agreement.settings)
+        actions += [a for m in children if (a := apply_if_drifted(m, existing))]
     history = recorded(observed.others, name)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
@@ -282,23 +283,23 @@ def _revision_actions(
             if current is None:
                 old_spec = old_spec or latest_spec(history, p.revision)
                 if old_spec is not None and p.replicas(role) > 0:
-                    old = pdd.model_copy(update={"spec": old_spec})
                     manifest = engine_deployment(
-                        old, p.revision, role, p.replicas(role), check(old_spec)
+                        pdd, p.revision, role, p.replicas(role), check(old_spec)
                     )
                     actions.append(Apply(manifest, exists=False))
                 continue
             was = int((current.get("spec") or {}).get("replicas") or 0)
             if was != p.replicas(role):
                 actions.append(Scale(names.workload(name, p.revision, role), p.replicas(role), was))
+    eff = agreement.settings
     membership = revision_membership(
         pods,
         deployment_name=name,
         revision=p.revision,
-        bootstrap_port=pdd.spec.kv_transfer.bootstrap_port,
+        bootstrap_port=eff.shared.kv_transfer.bootstrap_port,
     )
     drain = None if p.drain_until is None else format_time(p.drain_until)
-    router = router_deployment(pdd, p.revision, p.router, membership, drain)
+    router = router_deployment(pdd, eff, p.revision, p.router, membership, drain)
     if change := apply_if_drifted(router, existing):
         actions.append(change)
     return actions

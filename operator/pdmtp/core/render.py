@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec, RoleSpec
+from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core import names, scheduling, weights
-from pdmtp.core.agreement import Agreement, role_max_model_len, speculative_tokens
+from pdmtp.core import names, scheduling
+from pdmtp.core.agreement import Agreement
+from pdmtp.core.effective import Effective, EngineRoleSettings, Shared
 from pdmtp.core.hashing import canonical_json
 from pdmtp.core.observe import Membership
-from pdmtp.core.revision import role_hash
+from pdmtp.core.revision import hash_of
 from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, router_args
+from pdmtp.core.weights import weights
 
 Manifest = dict[str, Any]
 
@@ -30,9 +32,9 @@ ROUTER_CONTAINER = "router"
 HEALTH_PATH = "/health"
 STARTUP_BUDGET_SECONDS = 1800
 """Model loads take minutes; the startup probe allows half an hour before liveness applies."""
-GRACE_MARGIN_SECONDS = 30
 ROUTER_DRAIN_SECONDS = 5
 """A retiring router's pod serves this long after it leaves the endpoints (kube-proxy's lag)."""
+ROUTER_SHUTDOWN_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -66,98 +68,104 @@ def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manife
     }
 
 
-def kv_transfer_config(spec: PDDeploymentSpec, role: EngineRole) -> Manifest:
+def kv_transfer_config(shared: Shared, role: EngineRoleSettings) -> Manifest:
     """The `--kv-transfer-config` of a role: the fixed connector, loaded out of tree."""
-    extra: dict[str, Any] = {"mooncake_protocol": spec.kv_transfer.protocol}
-    own = spec.role(role).kv_transfer
-    devices = own.device_names if own is not None else spec.kv_transfer.device_names
-    if devices:
-        extra["mooncake_device_name"] = ",".join(devices)
+    extra: dict[str, Any] = {"mooncake_protocol": shared.kv_transfer.protocol}
+    if role.local.device_names:
+        extra["mooncake_device_name"] = ",".join(role.local.device_names)
     return {
         "kv_connector": v.CONNECTOR_CLASS,
         "kv_connector_module_path": v.CONNECTOR_MODULE,
-        "kv_role": KV_ROLES[role],
+        "kv_role": KV_ROLES[role.name],
         "kv_connector_extra_config": extra,
     }
 
 
-def speculative_config(spec: PDDeploymentSpec, role: RoleSpec) -> Manifest | None:
+def speculative_config(shared: Shared, role: EngineRoleSettings) -> Manifest | None:
     """The `--speculative-config` of a role (its own k where it overrides the shared one)."""
-    if spec.speculative is None:
+    if shared.speculative is None:
         return None
     config: dict[str, Any] = {
-        "method": spec.speculative.method,
-        "num_speculative_tokens": speculative_tokens(spec, role),
+        "method": shared.speculative.method,
+        "num_speculative_tokens": role.compat.num_speculative_tokens,
     }
-    if spec.speculative.draft_model is not None:
-        config["model"] = spec.speculative.draft_model
+    if shared.speculative.draft_model is not None:
+        config["model"] = shared.speculative.draft_model
     return config
 
 
-def engine_args(spec: PDDeploymentSpec, role: EngineRole) -> list[str]:
-    """The engine container's args: `vllm serve` with every typed setting as a flag."""
-    r = spec.role(role)
+def engine_args(shared: Shared, role: EngineRoleSettings, served: list[str]) -> list[str]:
+    """The engine container's args: `vllm serve` `served` (the weights' positional model and
+    flags) with every typed setting as a flag."""
+    compat, engine = role.compat, shared.engine
     args = [
         "vllm",
         "serve",
-        *weights.served_model(spec),
+        *served,
         "--host",
         "0.0.0.0",
         "--port",
         str(v.ENGINE_HTTP_PORT),
         "--dtype",
-        spec.engine.dtype,
+        engine.dtype,
         "--kv-cache-dtype",
-        spec.engine.kv_cache_dtype,
+        engine.kv_cache_dtype,
         "--block-size",
-        str(spec.engine.block_size),
+        str(engine.block_size),
         "--tensor-parallel-size",
-        str(r.tensor_parallel_size),
+        str(compat.tensor_parallel_size),
         "--pipeline-parallel-size",
-        str(r.pipeline_parallel_size),
+        str(compat.pipeline_parallel_size),
     ]
-    max_len = role_max_model_len(spec, r)
-    if max_len is not None:
-        args += ["--max-model-len", str(max_len)]
-    if spec.model.quantization is not None:
-        args += ["--quantization", spec.model.quantization]
-    if spec.engine.attention_backend is not None:
-        args += ["--attention-backend", spec.engine.attention_backend]
-    if spec.engine.disable_hybrid_kv_cache_manager:
+    if compat.max_model_len is not None:
+        args += ["--max-model-len", str(compat.max_model_len)]
+    if shared.model.quantization is not None:
+        args += ["--quantization", shared.model.quantization]
+    if engine.attention_backend is not None:
+        args += ["--attention-backend", engine.attention_backend]
+    if engine.disable_hybrid_kv_cache_manager:
         args.append("--disable-hybrid-kv-cache-manager")
-    speculative = speculative_config(spec, r)
+    speculative = speculative_config(shared, role)
     if speculative is not None:
         args += ["--speculative-config", canonical_json(speculative)]
-    args += ["--kv-transfer-config", canonical_json(kv_transfer_config(spec, role))]
-    return [*args, *spec.engine.extra_args, *r.extra_args]
+    args += ["--kv-transfer-config", canonical_json(kv_transfer_config(shared, role))]
+    return [*args, *engine.extra_args, *role.local.extra_args]
 
 
-def _env(spec: PDDeploymentSpec, role: EngineRole, agreement: Agreement) -> list[Manifest]:
+def _env(
+    shared: Shared, role: EngineRoleSettings, agreement: Agreement, model_env: list[Manifest]
+) -> list[Manifest]:
     env: list[Manifest] = [
-        {"name": v.ENV_ROLE, "value": role},
+        {"name": v.ENV_ROLE, "value": role.name},
         {"name": v.ENV_VLLM_HOST_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": v.ENV_MOONCAKE_BOOTSTRAP_PORT, "value": str(spec.kv_transfer.bootstrap_port)},
+        {"name": v.ENV_MOONCAKE_BOOTSTRAP_PORT, "value": str(shared.kv_transfer.bootstrap_port)},
     ]
-    lookahead = agreement.lookahead(role)
+    lookahead = agreement.lookahead(role.name)
     if lookahead is not None:
         env.append({"name": v.ENV_EXPECTED_LOOKAHEAD, "value": str(lookahead)})
     if agreement.prefill_backoff is not None:
         env.append({"name": v.ENV_EXPECTED_BACKOFF, "value": str(agreement.prefill_backoff)})
-    env += weights.environment(spec)
-    env += [e.model_dump(by_alias=True, exclude_none=True) for e in spec.role(role).env]
+    env += model_env
+    env += [e.model_dump(by_alias=True, exclude_none=True) for e in role.local.env]
     return env
 
 
-def _resources(spec: PDDeploymentSpec, role: EngineRole) -> Manifest:
-    r = spec.role(role)
-    gpus = r.tensor_parallel_size * r.pipeline_parallel_size
+def _resources(shared: Shared, role: EngineRoleSettings) -> Manifest:
+    gpus = role.compat.tensor_parallel_size * role.compat.pipeline_parallel_size
     extended: dict[str, int | str] = {v.GPU_RESOURCE: gpus}
-    if spec.kv_transfer.protocol == "rdma":
+    if shared.kv_transfer.protocol == "rdma":
         extended[v.RDMA_RESOURCE] = 1
+    resources = role.local.resources
     return {
-        "requests": {**r.resources.requests, **extended},
-        "limits": {**r.resources.limits, **extended},
+        "requests": {**resources.requests, **extended},
+        "limits": {**resources.limits, **extended},
     }
+
+
+def _grace_seconds(role: EngineRoleSettings) -> int:
+    """The engine pod's grace period; it serves for all but its last ENGINE_SHUTDOWN_SECONDS."""
+    own = role.local.pod.termination_grace_period_seconds
+    return v.DEFAULT_ENGINE_GRACE_SECONDS if own is None else own
 
 
 def _probe(path: str, period: int, failures: int) -> Manifest:
@@ -172,65 +180,64 @@ def _probe(path: str, period: int, failures: int) -> Manifest:
 def engine_pod_template(
     pdd: PDDeployment, revision: str, role: EngineRole, agreement: Agreement
 ) -> Manifest:
-    """The pod template of one (revision, engine role)."""
-    spec = pdd.spec
-    r = spec.role(role)
-    rdma = spec.kv_transfer.protocol == "rdma"
+    """The pod template of one (revision, engine role), from the settings `agreement` judged
+    (`pdd` gives only the names)."""
+    eff = agreement.settings
+    shared, settings = eff.shared, eff.role(role)
+    local = settings.local
+    bootstrap_port = shared.kv_transfer.bootstrap_port
     ports: list[Manifest] = [
         {"name": "http", "containerPort": v.ENGINE_HTTP_PORT, "protocol": "TCP"}
     ]
-    annotations = {**r.pod_annotations, v.ANNOTATION_ROLE_HASH: role_hash(spec, role)}
+    annotations = {**local.pod_annotations, v.ANNOTATION_ROLE_HASH: hash_of(eff, role)}
     if role == "prefill":
-        ports.append(
-            {
-                "name": "bootstrap",
-                "containerPort": spec.kv_transfer.bootstrap_port,
-                "protocol": "TCP",
-            }
-        )
-        annotations[v.ANNOTATION_BOOTSTRAP_PORT] = str(spec.kv_transfer.bootstrap_port)
-    model_volumes, model_mounts = weights.volumes(spec)
+        ports.append({"name": "bootstrap", "containerPort": bootstrap_port, "protocol": "TCP"})
+        annotations[v.ANNOTATION_BOOTSTRAP_PORT] = str(bootstrap_port)
+    model = weights(shared.model)
+    pod_fields, extra_mounts = scheduling.pod_fields(local, pdd.metadata.name, revision, role)
     security: Manifest = {"allowPrivilegeEscalation": False}
-    if rdma:
+    if shared.kv_transfer.protocol == "rdma":
         security["capabilities"] = {"add": ["IPC_LOCK"]}
+    grace = _grace_seconds(settings)
     container: Manifest = {
         "name": ENGINE_CONTAINER,
-        "image": spec.image,
-        "args": engine_args(spec, role),
-        "env": _env(spec, role, agreement),
+        "image": shared.image,
+        "args": engine_args(shared, settings, model.served),
+        "env": _env(shared, settings, agreement, model.env),
         "ports": ports,
-        "resources": _resources(spec, role),
+        "resources": _resources(shared, settings),
         "securityContext": security,
         "volumeMounts": [
             {"name": v.SHM_VOLUME, "mountPath": v.SHM_PATH},
-            *model_mounts,
-            *scheduling.volume_mounts(spec, role),
+            *model.mounts,
+            *extra_mounts,
         ],
         "startupProbe": _probe(HEALTH_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
         "readinessProbe": _probe(HEALTH_PATH, 5, 3),
         "livenessProbe": _probe(HEALTH_PATH, 15, 4),
-        "lifecycle": {"preStop": {"sleep": {"seconds": max(spec.rollout.drain_seconds, 1)}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": max(grace - v.ENGINE_SHUTDOWN_SECONDS, 1)}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if r.env_from:
-        container["envFrom"] = [e.model_dump(by_alias=True, exclude_none=True) for e in r.env_from]
-    pod_fields = scheduling.pod_fields(spec, pdd.metadata.name, revision, role)
+    if local.env_from:
+        container["envFrom"] = [
+            e.model_dump(by_alias=True, exclude_none=True) for e in local.env_from
+        ]
     pod_spec: Manifest = {
         "containers": [container],
         "volumes": [
             {"name": v.SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
-            *model_volumes,
+            *model.volumes,
             *pod_fields.pop("volumes", []),
         ],
-        "terminationGracePeriodSeconds": spec.rollout.drain_seconds + GRACE_MARGIN_SECONDS,
+        "terminationGracePeriodSeconds": grace,
         "enableServiceLinks": False,
         **pod_fields,
     }
-    if r.node_selector:
-        pod_spec["nodeSelector"] = dict(r.node_selector)
-    if r.tolerations:
+    if local.node_selector:
+        pod_spec["nodeSelector"] = dict(local.node_selector)
+    if local.tolerations:
         pod_spec["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in r.tolerations
+            t.model_dump(by_alias=True, exclude_none=True) for t in local.tolerations
         ]
     return {
         "metadata": {
@@ -242,10 +249,10 @@ def engine_pod_template(
 
 
 def _deployment(
-    pdd: PDDeployment, revision: str, role: Role, replicas: int, template: Manifest
+    pdd: PDDeployment, eff: Effective, revision: str, role: Role, replicas: int, template: Manifest
 ) -> Manifest:
     name = pdd.metadata.name
-    rollout = pdd.spec.rollout
+    rollout = eff.rollout
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -276,11 +283,12 @@ def engine_deployment(
 ) -> Manifest:
     """The Deployment of one (revision, engine role)."""
     template = engine_pod_template(pdd, revision, role, agreement)
-    return _deployment(pdd, revision, role, replicas, template)
+    return _deployment(pdd, agreement.settings, revision, role, replicas, template)
 
 
 def router_deployment(
     pdd: PDDeployment,
+    eff: Effective,
     revision: str,
     replicas: int,
     membership: Membership | None,
@@ -294,16 +302,16 @@ def router_deployment(
     name = pdd.metadata.name
     routable = membership is not None and membership.routable
     args = (
-        router_args(membership=membership, policy=pdd.spec.router.policy)
+        router_args(membership=membership, policy=eff.router.policy)
         if membership is not None and membership.routable
         else []
     )
-    annotations = {v.ANNOTATION_ROLE_HASH: role_hash(pdd.spec, "router")}
+    annotations = {v.ANNOTATION_ROLE_HASH: hash_of(eff, "router")}
     if membership is not None:
         annotations[v.ANNOTATION_ROUTER_MEMBERSHIP] = membership.token
     container: Manifest = {
         "name": ROUTER_CONTAINER,
-        "image": pdd.spec.router.image,
+        "image": eff.router.image,
         "args": args,
         "ports": [
             {"name": "http", "containerPort": v.ROUTER_HTTP_PORT, "protocol": "TCP"},
@@ -335,14 +343,14 @@ def router_deployment(
             "serviceAccountName": names.router_account(name),
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + GRACE_MARGIN_SECONDS,
+            "terminationGracePeriodSeconds": ROUTER_DRAIN_SECONDS + ROUTER_SHUTDOWN_SECONDS,
         },
     }
     # Offline (`pdmtp render`, membership None) the replicas show the intent; in the cluster a
     # router without a ready prefill and decode to list has nothing to run with.
     if membership is not None and not routable:
         replicas = 0
-    deployment = _deployment(pdd, revision, "router", replicas, template)
+    deployment = _deployment(pdd, eff, revision, "router", replicas, template)
     if drain_until is not None:
         deployment["metadata"]["annotations"] = {v.ANNOTATION_DRAIN_UNTIL: drain_until}
     return deployment
@@ -365,7 +373,7 @@ def client_service(pdd: PDDeployment) -> Manifest:
     }
 
 
-def network_policy(pdd: PDDeployment) -> Manifest:
+def network_policy(pdd: PDDeployment, eff: Effective) -> Manifest:
     """Let P and D pods reach each other on every TCP port (Mooncake picks random ports), and
     routers reach the engines' HTTP and bootstrap ports."""
     name = pdd.metadata.name
@@ -389,7 +397,7 @@ def network_policy(pdd: PDDeployment) -> Manifest:
                     "from": [{"podSelector": routers}],
                     "ports": [
                         {"protocol": "TCP", "port": v.ENGINE_HTTP_PORT},
-                        {"protocol": "TCP", "port": pdd.spec.kv_transfer.bootstrap_port},
+                        {"protocol": "TCP", "port": eff.shared.kv_transfer.bootstrap_port},
                     ],
                 },
             ],
@@ -408,9 +416,9 @@ def router_service_account(pdd: PDDeployment) -> Manifest:
     }
 
 
-def shared_children(pdd: PDDeployment) -> list[Manifest]:
+def shared_children(pdd: PDDeployment, eff: Effective) -> list[Manifest]:
     """The children that belong to the PDDeployment as a whole, not to a revision."""
-    return [client_service(pdd), network_policy(pdd), router_service_account(pdd)]
+    return [client_service(pdd), network_policy(pdd, eff), router_service_account(pdd)]
 
 
 def revision_children(
@@ -420,9 +428,10 @@ def revision_children(
     agreement: Agreement,
     membership: Membership | None,
 ) -> list[Manifest]:
-    """The three Deployments of one revision."""
+    """The three Deployments of one revision, from the settings `agreement` judged."""
+    eff = agreement.settings
     return [
         engine_deployment(pdd, revision, "prefill", replicas.prefill, agreement),
         engine_deployment(pdd, revision, "decode", replicas.decode, agreement),
-        router_deployment(pdd, revision, replicas.router, membership, replicas.drain_until),
+        router_deployment(pdd, eff, revision, replicas.router, membership, replicas.drain_until),
     ]

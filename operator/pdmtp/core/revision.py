@@ -1,23 +1,21 @@
-"""Revision hashing: what triggers a paired rollout, what rolls one role, what rolls nothing.
+"""Revision hashing over the resolved settings (`effective`): the compat revision (a change starts a
+paired rollout) and each role's hash (a change rolls that role inside its revision). The unhashed
+group is in neither: scaling and the rollout policy are not rollouts.
 
 Hashes are stable across operator versions: a field added to the API enters a hash only when it
 is set, so upgrading the operator never rolls a PDDeployment that does not use the new field
-(tests/unit/test_revision.py holds hashes recorded before such fields existed).
-
-The compat revision covers every setting both roles must agree on (docs/design.md, "What both
-roles must agree on"); a change to it starts a paired rollout to a new revision. The role hash
-covers a role's local settings; a change to it rolls that role's pods inside the revision.
-Replicas are in neither: scaling is not a rollout.
+(tests/unit/test_revision.py holds hashes recorded before such fields existed). The dictionaries
+below therefore keep the shape they were first hashed with.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pdmtp.api.pod import PodSettings
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
-from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, Role
-from pdmtp.core.agreement import Agreement, role_max_model_len, speculative_tokens
+from pdmtp.api.vocabulary import EngineRole, Role
+from pdmtp.core.agreement import Agreement
+from pdmtp.core.effective import Effective, EngineRoleSettings, resolve
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.planner import Policy, Target
 
@@ -28,92 +26,90 @@ def _digest(data: Any) -> str:
     return short_hash(data, REVISION_LENGTH)
 
 
-def compat_settings(spec: PDDeploymentSpec) -> dict[str, Any]:
-    """The cross-role settings, canonically: the input of the compat revision."""
-    roles = {}
-    for name in ENGINE_ROLES:
-        role = spec.role(name)
-        roles[name] = {
-            "numSpeculativeTokens": speculative_tokens(spec, role),
-            "tensorParallelSize": role.tensor_parallel_size,
-            "pipelineParallelSize": role.pipeline_parallel_size,
-            "maxModelLen": role_max_model_len(spec, role),
-        }
-    model = spec.model.model_dump(by_alias=True, mode="json", exclude={"source"})
-    if spec.model.source is not None:
+def _dump(model: Any, **options: Any) -> Any:
+    return model.model_dump(by_alias=True, mode="json", **options)
+
+
+def compat_settings(eff: Effective) -> dict[str, Any]:
+    """The compat group, canonically: the input of the compat revision."""
+    shared = eff.shared
+    model = _dump(shared.model, exclude={"source"})
+    if shared.model.source is not None:
         # The weights both roles load (invariant: the same source and revision).
-        model["source"] = spec.model.source.model_dump(
-            by_alias=True, mode="json", exclude_none=True
-        )
+        model["source"] = _dump(shared.model.source, exclude_none=True)
+    roles = {
+        r.name: {
+            "numSpeculativeTokens": r.compat.num_speculative_tokens,
+            "tensorParallelSize": r.compat.tensor_parallel_size,
+            "pipelineParallelSize": r.compat.pipeline_parallel_size,
+            "maxModelLen": r.compat.max_model_len,
+        }
+        for r in eff.roles
+    }
     return {
-        "image": spec.image,
+        "image": shared.image,
         "model": model,
-        "engine": spec.engine.model_dump(by_alias=True, mode="json"),
-        "speculative": (
-            None
-            if spec.speculative is None
-            else spec.speculative.model_dump(by_alias=True, mode="json")
-        ),
-        "kvTransfer": spec.kv_transfer.model_dump(by_alias=True, mode="json"),
+        "engine": _dump(shared.engine),
+        "speculative": None if shared.speculative is None else _dump(shared.speculative),
+        "kvTransfer": _dump(shared.kv_transfer),
         "roles": roles,
     }
 
 
-def compat_revision(spec: PDDeploymentSpec) -> str:
-    """Short hash of the cross-role settings; names the workloads of a revision."""
-    return _digest(compat_settings(spec))
-
-
-def role_settings(spec: PDDeploymentSpec, name: EngineRole) -> dict[str, Any]:
-    """A role's local settings: resources, placement, env, annotations, its extraArgs, its pod
-    settings (spec.pod under the role's own) and RDMA devices where the role overrides them."""
-    role = spec.role(name)
-    settings = role.model_dump(
-        by_alias=True,
-        mode="json",
-        include={"resources", "extra_args", "node_selector", "tolerations", "pod_annotations"},
-    )
-    # As first hashed: a literal value, "" when unset.
-    settings["env"] = [
-        {"name": e.name, "value": e.value or ""}
-        if e.value_from is None
-        else e.model_dump(by_alias=True, mode="json", exclude_none=True)
-        for e in role.env
-    ]
-    later = {
-        "envFrom": [
-            e.model_dump(by_alias=True, mode="json", exclude_none=True) for e in role.env_from
+def role_settings(role: EngineRoleSettings) -> dict[str, Any]:
+    """An engine role's local group, canonically: the input of its role hash."""
+    local = role.local
+    settings: dict[str, Any] = {
+        "resources": _dump(local.resources),
+        "extraArgs": list(local.extra_args),
+        "nodeSelector": dict(local.node_selector),
+        "tolerations": [_dump(t) for t in local.tolerations],
+        "podAnnotations": dict(local.pod_annotations),
+        # As first hashed: a literal value, "" when unset.
+        "env": [
+            {"name": e.name, "value": e.value or ""}
+            if e.value_from is None
+            else _dump(e, exclude_none=True)
+            for e in local.env
         ],
-        "pod": effective_pod(spec, name).model_dump(by_alias=True, mode="json", exclude_none=True),
-        "deviceNames": role.kv_transfer.device_names if role.kv_transfer else None,
-        "placement": (
-            spec.placement.model_dump(by_alias=True, mode="json", exclude_none=True)
-            if spec.placement
-            else None
-        ),
+    }
+    # Hashed only when set (see the module docstring).
+    later = {
+        "envFrom": [_dump(e, exclude_none=True) for e in local.env_from],
+        "pod": _dump(local.pod, exclude_none=True),
+        "deviceNames": list(local.device_names) if local.devices_overridden else None,
+        "placement": _dump(local.placement, exclude_none=True) if local.placement else None,
     }
     settings.update({k: val for k, val in later.items() if val})
     return settings
 
 
-def effective_pod(spec: PDDeploymentSpec, name: EngineRole) -> PodSettings:
-    """A role's pod settings: spec.pod, with every field the role sets replacing it."""
-    own = spec.role(name).pod
-    if own is not None:
-        return own.over(spec.pod)
-    return spec.pod if spec.pod is not None else PodSettings()
+def revision_of(eff: Effective) -> str:
+    """Short hash of the compat group; names the workloads of a revision."""
+    return _digest(compat_settings(eff))
 
 
-def role_hash(spec: PDDeploymentSpec, role: Role) -> str:
-    """Short hash of one role's local settings (the router's: image and policy)."""
+def hash_of(eff: Effective, role: Role) -> str:
+    """Short hash of one role's local group (the router's: image and policy)."""
     if role == "router":
-        return _digest(spec.router.model_dump(by_alias=True, mode="json", exclude={"replicas"}))
-    return _digest(role_settings(spec, role))
+        return _digest({"image": eff.router.image, "policy": eff.router.policy})
+    return _digest(role_settings(eff.role(role)))
 
 
-def target_and_policy(spec: PDDeploymentSpec, agreement: Agreement) -> tuple[Target, Policy]:
+def compat_revision(spec: PDDeploymentSpec) -> str:
+    """`revision_of` a spec."""
+    return revision_of(resolve(spec))
+
+
+def role_hash(spec: PDDeploymentSpec, role: Role | EngineRole) -> str:
+    """`hash_of` a spec's role."""
+    return hash_of(resolve(spec), role)
+
+
+def target_and_policy(agreement: Agreement) -> tuple[Target, Policy]:
     """What the planner aims for and the rules it keeps; no target revision when incompatible."""
-    revision = compat_revision(spec) if agreement.compatible else None
-    target = Target(revision, spec.prefill.replicas, spec.decode.replicas, spec.router.replicas)
-    rollout = spec.rollout
+    eff = agreement.settings
+    revision = revision_of(eff) if agreement.compatible else None
+    target = Target(revision, eff.prefill.replicas, eff.decode.replicas, eff.router.replicas)
+    rollout = eff.rollout
     return target, Policy(rollout.max_surge, rollout.max_unavailable, rollout.drain_seconds)

@@ -1,4 +1,4 @@
-"""Pod-level settings of an engine pod: spec.pod under the role's own (`revision.effective_pod`),
+"""Pod-level settings of an engine pod: spec.pod under the role's own (resolved in `effective`),
 and spec.placement turned into affinity and spread terms for one revision's pods.
 
 `placement.topologyKey` keeps every prefill and decode pod of a revision in one domain of that
@@ -13,16 +13,18 @@ import copy
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core.revision import effective_pod
+from pdmtp.core.effective import RoleLocal
 
 Manifest = dict[str, Any]
 
 
-def pod_fields(spec: PDDeploymentSpec, name: str, revision: str, role: EngineRole) -> Manifest:
-    """The pod spec fields the settings and the placement set (absent when unset)."""
-    pod = effective_pod(spec, role)
+def pod_fields(
+    local: RoleLocal, name: str, revision: str, role: EngineRole
+) -> tuple[Manifest, list[Manifest]]:
+    """The pod spec fields the settings and the placement set (absent when unset), and the
+    engine container's mounts of the extra volumes."""
+    pod = local.pod
     out: Manifest = {}
     if pod.image_pull_secrets:
         out["imagePullSecrets"] = [{"name": s.name} for s in pod.image_pull_secrets]
@@ -37,7 +39,7 @@ def pod_fields(spec: PDDeploymentSpec, name: str, revision: str, role: EngineRol
         out["securityContext"] = copy.deepcopy(pod.pod_security_context)
     affinity = copy.deepcopy(pod.affinity) if pod.affinity else {}
     spread = copy.deepcopy(pod.topology_spread_constraints or [])
-    placement = spec.placement
+    placement = local.placement
     revision_pods = {"matchLabels": {v.LABEL_NAME: name, v.LABEL_REVISION: revision}}
     if placement is not None and placement.topology_key is not None:
         term = {"labelSelector": revision_pods, "topologyKey": placement.topology_key}
@@ -61,9 +63,5 @@ def pod_fields(spec: PDDeploymentSpec, name: str, revision: str, role: EngineRol
         out["topologySpreadConstraints"] = spread
     if pod.volumes:
         out["volumes"] = [vol.model_dump(by_alias=True, exclude_none=True) for vol in pod.volumes]
-    return out
-
-
-def volume_mounts(spec: PDDeploymentSpec, role: EngineRole) -> list[Manifest]:
-    pod = effective_pod(spec, role)
-    return [m.model_dump(by_alias=True, exclude_none=True) for m in pod.volume_mounts or []]
+    mounts = [m.model_dump(by_alias=True, exclude_none=True) for m in pod.volume_mounts or []]
+    return out, mounts

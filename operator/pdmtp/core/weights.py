@@ -9,27 +9,45 @@ what `vllm serve` is pointed at, the volumes and mounts, and the Hugging Face en
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.api.v1alpha1 import ModelSpec
 
 Manifest = dict[str, Any]
 
 
-def served_model(spec: PDDeploymentSpec) -> list[str]:
+@dataclass(frozen=True)
+class Weights:
+    """What the weights add to an engine pod."""
+
+    served: list[str]
     """The `vllm serve` positional model and the flags that go with it."""
-    source = spec.model.source
+    volumes: list[Manifest]
+    mounts: list[Manifest]
+    env: list[Manifest]
+
+
+def weights(model: ModelSpec) -> Weights:
+    """Everything the model's source adds to an engine pod, worked out once."""
+    pod_volumes, mounts = volumes(model)
+    return Weights(served_model(model), pod_volumes, mounts, environment(model))
+
+
+def served_model(model: ModelSpec) -> list[str]:
+    """The `vllm serve` positional model and the flags that go with it."""
+    source = model.source
     local = source.pvc or source.image if source is not None else None
     if local is None:
-        return [spec.model.name, "--revision", spec.model.revision]
+        return [model.name, "--revision", model.revision]
     path = v.MODEL_PATH + (f"/{local.sub_path.strip('/')}" if local.sub_path else "")
-    return [path, "--served-model-name", spec.model.name]
+    return [path, "--served-model-name", model.name]
 
 
-def volumes(spec: PDDeploymentSpec) -> tuple[list[Manifest], list[Manifest]]:
+def volumes(model: ModelSpec) -> tuple[list[Manifest], list[Manifest]]:
     """(pod volumes, engine container mounts) the weights need."""
-    source = spec.model.source
+    source = model.source
     if source is None:
         return [], []
     if source.pvc is not None:
@@ -49,9 +67,9 @@ def volumes(spec: PDDeploymentSpec) -> tuple[list[Manifest], list[Manifest]]:
     return [], []
 
 
-def environment(spec: PDDeploymentSpec) -> list[Manifest]:
+def environment(model: ModelSpec) -> list[Manifest]:
     """The Hugging Face environment the source implies."""
-    source = spec.model.source
+    source = model.source
     if source is None:
         return []
     if source.pvc is not None or source.image is not None:
