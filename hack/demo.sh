@@ -6,17 +6,17 @@ cd "$(dirname "$0")/.."
 
 STATE=.cluster
 VENV=${VENV:-.venv}
-BIN_DIR="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "hack"); import localcluster; print(localcluster.default_bin_dir())')"
+BIN_DIR="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests/support"); import localcluster; print(localcluster.default_bin_dir())')"
 KUBECTL="$BIN_DIR/kubectl"
 export KUBECONFIG="$PWD/$STATE/kubeconfig"
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, KWOK) on 127.0.0.1"
-if "$VENV/bin/python" hack/localcluster.py status --dir "$STATE" >/dev/null 2>&1; then
+if "$VENV/bin/python" tests/support/localcluster.py status --dir "$STATE" >/dev/null 2>&1; then
   echo "already running"
 else
-  "$VENV/bin/python" hack/localcluster.py up --dir "$STATE"
+  "$VENV/bin/python" tests/support/localcluster.py up --dir "$STATE"
 fi
 "$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.allocatable.nvidia\.com/gpu,READY:.status.conditions[?(@.type=="Ready")].status'
 

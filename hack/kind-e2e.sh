@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on a real node.
 #
-#   1. images: operator, router and engine (hack/build_images.py), the engine emulator
+#   1. images: operator, router and engine (tests/support/build_images.py), the engine emulator
 #      (images/engine-emulator) and the engine image plus a test checkpoint
 #      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh). All
 #      cached: a warm run only hashes inputs.
@@ -58,9 +58,9 @@ die() { echo "error: $*" >&2; exit 1; }
 [[ -x $VENV/bin/python ]] || die "no $VENV; run \`make venv\`"
 PY=$VENV/bin/python
 
-# ---- pins and binaries (the Kubernetes pin lives in hack/build-cluster-bins.sh) -----------------
-pin() { sed -n "s/^$1=\"\${PDMTP_$1:-\(v[0-9.]*\)}\"\$/\1/p" hack/build-cluster-bins.sh; }
-K8S_VERSION=$(pin K8S_VERSION)
+# ---- pins (versions.env) and binaries -----------------------------------------------------------
+# shellcheck source=hack/versions.sh
+source hack/versions.sh
 CACHE_DIR=${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}
 CLUSTER_BIN=$CACHE_DIR/bin/$K8S_VERSION
 step "Binaries: control plane and KWOK (hack/build-cluster-bins.sh), kind and node (hack/kind/build-bins.sh)"
@@ -69,7 +69,6 @@ KIND_BIN_DIR=$(hack/kind/build-bins.sh)
 KIND=$KIND_BIN_DIR/kind
 KUBECTL=$CLUSTER_BIN/kubectl
 PDMTP_VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
-VLLM_VERSION=$(sed -n 's/^ARG VLLM_VERSION=//p' images/engine/Dockerfile)
 
 WORK=$(mktemp -d)
 export KUBECONFIG=$WORK/kubeconfig
@@ -110,9 +109,9 @@ if [[ $RUNTIME == podman ]]; then
   # shellcheck source=hack/podman-env.sh
   source hack/podman-env.sh
   export KIND_EXPERIMENTAL_PROVIDER=podman
-  step "Images: hack/build_images.py (operator, router, engine and their local bases)"
-  python3 hack/build_images.py build base-python operator router engine
-  name_of() { python3 hack/build_images.py names | sed -n "s/^$1=//p"; }
+  step "Images: tests/support/build_images.py (operator, router, engine and their local bases)"
+  python3 tests/support/build_images.py build base-python operator router engine
+  name_of() { python3 tests/support/build_images.py names | sed -n "s/^$1=//p"; }
   OPERATOR_IMAGE=${KIND_E2E_OPERATOR_IMAGE:-$(name_of operator)}
   ROUTER_IMAGE=$(name_of router)
   ENGINE_IMAGE=$(name_of engine)
@@ -126,7 +125,7 @@ if [[ $RUNTIME == podman ]]; then
       echo "$image up to date"
       return
     fi
-    # A TLS-intercepting egress proxy's CA, when the host has one (as hack/build_images.py).
+    # A TLS-intercepting egress proxy's CA, when the host has one (as build_images.py).
     [[ -f /etc/ssl/certs/ca-certificates.crt ]] &&
       ca=(--volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
     podman build --pull=never --network=host "${ca[@]}" --label "io.pdmtp.inputs=$inputs" \
@@ -149,9 +148,8 @@ if [[ $RUNTIME == podman ]]; then
 elif [[ $RUNTIME == docker ]]; then
   command -v docker >/dev/null || die "KIND_E2E_RUNTIME=docker but docker is not on PATH"
   TAG=e2e-$(git rev-parse --short HEAD)
-  ROUTER_VERSION=$("$PY" -c 'from pdmtp.api.vocabulary import ROUTER_VERSION; print(ROUTER_VERSION)')
   OPERATOR_IMAGE=pdmtp-operator:$TAG
-  ROUTER_IMAGE=pdmtp-router:$ROUTER_VERSION
+  ROUTER_IMAGE=pdmtp-router:$VLLM_ROUTER_VERSION
   ENGINE_IMAGE=pdmtp-engine:$VLLM_VERSION
   EMULATOR_IMAGE=pdmtp-engine-emulator:$TAG
   CHECKPOINT_IMAGE=pdmtp-engine-e2e:$TAG
@@ -159,7 +157,8 @@ elif [[ $RUNTIME == docker ]]; then
   export DOCKER_BUILDKIT=1 # images/operator/Dockerfile uses RUN --mount
   docker build -f images/operator/Dockerfile -t "$OPERATOR_IMAGE" .
   docker build --platform linux/amd64 -t "$ROUTER_IMAGE" images/router
-  docker build -t "$ENGINE_IMAGE" images/engine
+  docker build --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "MOONCAKE_VERSION=$MOONCAKE_VERSION" \
+    -t "$ENGINE_IMAGE" images/engine
   docker build -t "$EMULATOR_IMAGE" images/engine-emulator
   docker build --build-arg "ENGINE_IMAGE=$ENGINE_IMAGE" -t "$CHECKPOINT_IMAGE" \
     -f tests/e2e/engine-checkpoint/Containerfile tests/e2e/engine-checkpoint
@@ -230,11 +229,11 @@ if ((CLUSTER_TIER)); then
   # The tier starts its own operator per test; the in-cluster one would reconcile the same objects.
   "$KUBECTL" -n pdmtp-system scale deployment pdmtp-operator --replicas=0
   "$KUBECTL" taint nodes "$NODE" pdmtp.io/e2e-infra=true:NoSchedule
-  kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "hack"); from loopback import free_ports; print(free_ports(1)[0])')
+  kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "tests/support"); from loopback import free_ports; print(free_ports(1)[0])')
   stages=()
   for f in hack/kwok/*.yaml; do stages+=("--config=$f"); done
   mkdir -p "$WORK/kwok-home"
-  # As hack/localcluster.py runs it: only annotated nodes, fake pod IPs that nothing dials
+  # As tests/support/localcluster.py runs it: only annotated nodes, fake pod IPs that nothing dials
   # (disjoint from the node's pod, Service and podman ranges), its kubelet port on loopback.
   HOME=$WORK/kwok-home "$CLUSTER_BIN/kwok" --kubeconfig="$KUBECONFIG" "${stages[@]}" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
@@ -245,7 +244,7 @@ if ((CLUSTER_TIER)); then
 import json
 import sys
 
-sys.path.insert(0, "hack")
+sys.path.insert(0, "tests/support")
 from localcluster import fake_gpu_node
 
 nodes = [fake_gpu_node(f"pdmtp-gpu-{i}") for i in range(4)]

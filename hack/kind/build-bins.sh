@@ -7,7 +7,7 @@
 #   pause                              images/kind-node/pause (our own, a few lines of Go)
 # kube-apiserver, -controller-manager, -scheduler, kubectl and etcd come from
 # hack/build-cluster-bins.sh (run first: its Go build cache makes the Kubernetes builds here
-# incremental). The Kubernetes and etcd pins are read from that script, their one source.
+# incremental). Every pin comes from versions.env (hack/versions.sh).
 #
 #   PDMTP_CACHE_DIR   cache root (default ~/.cache/pdmtp); binaries land in kind/bin/
 #   prints the bin directory on stdout; progress goes to stderr
@@ -15,13 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 
-pin() { sed -n "s/^$1=\"\${PDMTP_$1:-\(v[0-9.]*\)}\"\$/\1/p" hack/build-cluster-bins.sh; }
-K8S_VERSION="${PDMTP_K8S_VERSION:-$(pin K8S_VERSION)}"
-[[ -n $K8S_VERSION ]] || { echo "error: no K8S_VERSION pin in hack/build-cluster-bins.sh" >&2; exit 1; }
-KIND_VERSION=v0.33.0
-# The CoreDNS release kubeadm $K8S_VERSION deploys (cmd/kubeadm/app/constants: CoreDNSVersion);
-# checked against `kubeadm config images list` after kubeadm is built.
-COREDNS_VERSION=v1.14.2
+# shellcheck source=hack/versions.sh
+source hack/versions.sh
 
 CACHE_DIR="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}"
 BIN_DIR="$CACHE_DIR/kind/bin"
@@ -115,7 +110,7 @@ build_kind
 build_kube
 IMAGES_LISTED="$("$BIN_DIR/kubeadm" config images list --kubernetes-version "$K8S_VERSION" 2>/dev/null)"
 grep -q "coredns:$COREDNS_VERSION\$" <<<"$IMAGES_LISTED" || {
-  echo "error: kubeadm $K8S_VERSION wants $(grep coredns <<<"$IMAGES_LISTED"); bump COREDNS_VERSION" >&2
+  echo "error: kubeadm $K8S_VERSION wants $(grep coredns <<<"$IMAGES_LISTED"); bump COREDNS_VERSION in versions.env" >&2
   exit 1
 }
 build_pause

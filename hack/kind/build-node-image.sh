@@ -22,9 +22,8 @@ log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 # shellcheck source=hack/podman-env.sh
 source hack/podman-env.sh >&2
 
-pin() { sed -n "s/^$1=\"\${PDMTP_$1:-\(v[0-9.]*\)}\"\$/\1/p" hack/build-cluster-bins.sh; }
-K8S_VERSION="${PDMTP_K8S_VERSION:-$(pin K8S_VERSION)}"
-ETCD_VERSION="${PDMTP_ETCD_VERSION:-$(pin ETCD_VERSION)}"
+# shellcheck source=hack/versions.sh
+source hack/versions.sh
 CACHE_DIR="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}"
 CLUSTER_BIN="$CACHE_DIR/bin/$K8S_VERSION"
 REPOSITORY=localhost/pdmtp-kind
@@ -69,7 +68,7 @@ BASE_IMAGE="$REPOSITORY/node-base:$SUITE-$BASE_KEY"
 PROXY_KEY="$(printf '%s\n' "$SUITE" "${MIRRORS[@]}" "${PROXY_PACKAGES[@]}" | hash_of)"
 PROXY_BASE_IMAGE="$REPOSITORY/proxy-base:$SUITE-$PROXY_KEY"
 NODE_KEY="$( {
-  echo "$BASE_KEY $PROXY_KEY $K8S_VERSION $ETCD_VERSION $COREDNS_TAG $PAUSE_TAG"
+  echo "$BASE_KEY $PROXY_KEY $K8S_VERSION $ETCD_VERSION $COREDNS_TAG $PAUSE_TAG $KIND_VERSION"
   cat "$0" hack/kind/build-bins.sh
   find images/kind-node -type f | LC_ALL=C sort | xargs sha256sum
 } | hash_of)"

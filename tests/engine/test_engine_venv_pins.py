@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from importlib.metadata import version
 from pathlib import Path
 
 import vllm
+from versions import read_versions
 
-ENGINE_IMAGE_DIR = Path(__file__).resolve().parents[2] / "images" / "engine"
 TEST_REQUIREMENTS = Path(__file__).with_name("requirements.txt")
 
 
@@ -24,16 +23,11 @@ def pins(requirements: Path) -> dict[str, str]:
 
 
 def test_vllm_is_the_image_base_version() -> None:
-    dockerfile = (ENGINE_IMAGE_DIR / "Dockerfile").read_text()
-    match = re.search(r"^ARG VLLM_VERSION=(\S+)$", dockerfile, re.MULTILINE)
-    assert match is not None
-    assert vllm.__version__ == version("vllm") == match.group(1)
+    assert vllm.__version__ == version("vllm") == read_versions()["VLLM_VERSION"]
 
 
 def test_transfer_engine_is_the_cpu_build_of_the_image_pin() -> None:
-    image_pins = pins(ENGINE_IMAGE_DIR / "requirements.txt")
-    (cuda_build,) = [name for name in image_pins if name.startswith("mooncake-transfer-engine")]
-    assert version("mooncake-transfer-engine-non-cuda") == image_pins[cuda_build]
+    assert version("mooncake-transfer-engine-non-cuda") == read_versions()["MOONCAKE_VERSION"]
 
 
 def test_test_tools_are_pinned_versions() -> None:

@@ -26,11 +26,10 @@ from typing import Any
 import pytest
 import yaml
 from image_harness import Podman
+from versions import read_versions
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "samples" / "demo.yaml"
-ENGINE_REQUIREMENTS = REPO / "images" / "engine" / "requirements.txt"
-ENGINE_DOCKERFILE = REPO / "images" / "engine" / "Dockerfile"
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 LAUNCHER_VERDICT = re.compile(r"^pdmtp-engine: (?P<facts>.*): starting vLLM$", re.MULTILINE)
 REFUSED = 3
@@ -241,16 +240,14 @@ def test_mismatch_exits_3_with_the_reason_in_the_termination_message(
 def test_transfer_engine_and_connector_import_with_the_pinned_versions(
     podman: Podman, engine_image: str
 ) -> None:
-    vllm_pin = re.search(r"^ARG VLLM_VERSION=(\S+)$", ENGINE_DOCKERFILE.read_text(), re.M)
-    mooncake_pin = re.search(
-        r"^(mooncake-transfer-engine\S*)==(\S+)$", ENGINE_REQUIREMENTS.read_text(), re.M
-    )
-    assert vllm_pin and mooncake_pin
+    pins = read_versions()
+    # The image installs the CUDA build of the transfer engine, a distribution of its own name.
     script = (
         "import json, importlib.metadata as m, mooncake.engine, pdmtp_engine.connector; "
         "c = pdmtp_engine.connector.BackoffMooncakeConnector; "
-        f"print(json.dumps([m.version('vllm'), m.version('{mooncake_pin.group(1)}'), "
-        "c.__module__ + '.' + c.__name__]))"
+        "mooncake = [d.version for d in m.distributions() "
+        "if d.metadata['Name'].startswith('mooncake-transfer-engine')]; "
+        "print(json.dumps([m.version('vllm'), mooncake, c.__module__ + '.' + c.__name__]))"
     )
     result = podman.run(
         engine_image,
@@ -261,8 +258,8 @@ def test_transfer_engine_and_connector_import_with_the_pinned_versions(
     assert result.returncode == 0, result.output[-4000:]
     versions = json.loads(result.output.strip().splitlines()[-1])
     assert versions == [
-        vllm_pin.group(1),
-        mooncake_pin.group(2),
+        pins["VLLM_VERSION"],
+        [pins["MOONCAKE_VERSION"]],
         "pdmtp_engine.connector.BackoffMooncakeConnector",
     ]
 

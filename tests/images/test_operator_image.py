@@ -3,8 +3,8 @@ reconciles against a real API server with its liveness and metrics endpoints ans
 
 It runs as deploy/operator.yaml runs it: read-only root (podman's --read-only gives it a tmpfs
 /tmp, the manifest an emptyDir), no capabilities. The API server is the local control plane
-(hack/localcluster.py) on 127.0.0.1; the container shares the host's network namespace and binds
-its endpoints to 127.0.0.1.
+(tests/support/localcluster.py) on 127.0.0.1; the container shares the host's network namespace
+and binds its endpoints to 127.0.0.1.
 """
 
 from __future__ import annotations

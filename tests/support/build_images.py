@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Build the operator, router and engine images with podman, on locally made bases.
 
-    hack/build_images.py build [KEY ...]   build what is missing or stale (default: everything)
-    hack/build_images.py names             KEY=IMAGE lines: the stable names other scripts use
-    hack/build_images.py report            size, image ID and digest of every image, as JSON
+    tests/support/build_images.py build [KEY ...]   build what is missing or stale (default: all)
+    tests/support/build_images.py names             KEY=IMAGE lines: the names other scripts use
+    tests/support/build_images.py report            size, image ID and digest of each, as JSON
 
 No registry is reachable where this runs, so the Dockerfiles' upstream bases are replaced
 through their base-image build args by local equivalents (images/base/): a bookworm + CPython
 3.11 rootfs made with mmdebstrap, and on it the same vLLM release from PyPI that the upstream vLLM
-image carries. The published Dockerfiles keep their upstream defaults.
+image carries. The published Dockerfiles keep their upstream base defaults; the versions they
+install are build args, passed from versions.env.
 
 Caching: every image carries the label io.pdmtp.inputs, a hash of what it is built from (its
 Dockerfile, the files its context copies, its build args, and its base's hash). An image whose
@@ -19,7 +20,7 @@ Builds use the host network (PyPI and the Debian mirror; nothing listens) and, w
 one, its CA bundle bind-mounted read-only over the image's, so a TLS-intercepting egress proxy
 works; the mount never reaches a layer. The engine base bind-mounts the host's uv cache, which
 hack/engine-venv.sh fills with the same torch and CUDA wheels, so they are not downloaded twice.
-Only the standard library: runs with any python3 >= 3.11.
+Only the standard library (and versions.py beside it): runs with any python3 >= 3.11.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -42,7 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-REPO: Final = Path(__file__).resolve().parents[1]
+from versions import read_versions
+
+REPO: Final = Path(__file__).resolve().parents[2]
 INPUTS_LABEL: Final = "io.pdmtp.inputs"
 HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
 UV_CACHE_IN_BUILD: Final = "/root/.cache/uv"
@@ -63,31 +65,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PDMTP_CACHE_DIR", Path.home() / ".cache" / "pdmtp"))
 
 
-def _read_pin(path: Path, pattern: str) -> str:
-    match = re.search(pattern, path.read_text(), re.MULTILINE)
-    if match is None:
-        raise BuildError(f"{path.relative_to(REPO)}: no line matching {pattern!r}")
-    return match.group(1)
-
-
 @dataclass(frozen=True)
 class Versions:
-    """Every version an image name or build arg carries, each read from its one source."""
+    """Every version an image name or build arg carries: the project's own from pyproject.toml,
+    the rest from versions.env."""
 
     operator: str
     router: str
     vllm: str
+    mooncake: str
     uv: str
 
     @classmethod
     def read(cls) -> Versions:
         project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+        pins = read_versions()
         return cls(
             operator=str(project["version"]),
-            router=_read_pin(REPO / "images/router/requirements.txt", r"^vllm-router==(\S+)"),
-            vllm=_read_pin(REPO / "images/engine/Dockerfile", r"^ARG VLLM_VERSION=(\S+)$"),
-            # The version that filled the host's uv cache, so its wheels are reused as they are.
-            uv=_read_pin(REPO / "hack/cached-venv.sh", r'^uv_version="([^"]+)"$'),
+            router=pins["VLLM_ROUTER_VERSION"],
+            vllm=pins["VLLM_VERSION"],
+            mooncake=pins["MOONCAKE_VERSION"],
+            # The uv of the test venvs, which fill the host's uv cache: its wheels are reused.
+            uv=pins["UV_VERSION"],
         )
 
 
@@ -171,6 +170,7 @@ def specs(versions: Versions | None = None) -> dict[str, ImageSpec]:
                 inputs=(engine,),
                 base="base-vllm",
                 base_arg="BASE_IMAGE",
+                build_args={"VLLM_VERSION": v.vllm, "MOONCAKE_VERSION": v.mooncake},
                 containerfile=engine / "Dockerfile",
                 context=engine,
                 ignorefile=engine / ".dockerignore",

@@ -5,9 +5,9 @@ Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (fak
 plain processes on 127.0.0.1, envtest style, from binaries built by hack/build-cluster-bins.sh.
 Fake GPU nodes are registered and KWOK drives their pods with the stages in hack/kwok/.
 
-    python hack/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
-    python hack/localcluster.py status [--dir .cluster]
-    python hack/localcluster.py down [--dir .cluster] [--purge]
+    python tests/support/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
+    python tests/support/localcluster.py status [--dir .cluster]
+    python tests/support/localcluster.py down [--dir .cluster] [--purge]
 
 In-process use (the test fixtures) starts a guard process that stops the components as soon as
 the process that started them is gone, however it ended.
@@ -27,7 +27,6 @@ import functools
 import ipaddress
 import json
 import os
-import re
 import shutil
 import signal
 import ssl
@@ -47,21 +46,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from loopback import LOOPBACK, free_ports
+from versions import read_versions
 
-HACK_DIR = Path(__file__).resolve().parent
-
-
-def _pinned_k8s_version() -> str:
-    # One source of truth: the pin in hack/build-cluster-bins.sh (PDMTP_K8S_VERSION overrides).
-    script = (HACK_DIR / "build-cluster-bins.sh").read_text()
-    found = re.search(r'^K8S_VERSION="\$\{PDMTP_K8S_VERSION:-(v[0-9.]+)\}"$', script, re.M)
-    if not found:
-        raise RuntimeError("cannot read the K8S_VERSION pin in hack/build-cluster-bins.sh")
-    return os.environ.get("PDMTP_K8S_VERSION") or found.group(1)
-
-
-K8S_VERSION = _pinned_k8s_version()
-KWOK_STAGE_DIR = HACK_DIR / "kwok"
+# The pin hack/build-cluster-bins.sh builds (PDMTP_K8S_VERSION overrides it there and here).
+K8S_VERSION = read_versions()["K8S_VERSION"]
+KWOK_STAGE_DIR = Path(__file__).resolve().parents[2] / "hack" / "kwok"
 # Start order; teardown runs in reverse so nothing loses its apiserver before it stops.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 BINARIES = (*COMPONENTS, "kubectl")
