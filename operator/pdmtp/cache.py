@@ -1,10 +1,10 @@
 """The operator's view of every child it manages, fed by watches: reconciles read it, not the API.
 
-One reflector per kind (and per namespace when the operator is namespaced) lists the objects
-labelled `app.kubernetes.io/managed-by=pdmtp`, replaces its slice of the store with the result, and
-watches from the list's resourceVersion. Any reconnect, for whatever reason, lists again and
-replaces the slice, so an object deleted while no watch was open never lingers. Every change
-reports the owning PDDeployment's key so its reconcile is queued.
+One reflector per watched kind of `pdmtp.api.kinds` (and per namespace when the operator is
+namespaced) lists the objects labelled `app.kubernetes.io/managed-by=pdmtp`, replaces its slice of
+the store with the result, and watches from the list's resourceVersion. Any reconnect, for
+whatever reason, lists again and replaces the slice, so an object deleted while no watch was open
+never lingers. Every change reports the owning PDDeployment's key so its reconcile is queued.
 
 The store also takes the API server's answers to the operator's own writes (`put`, `drop`), so
 a reconcile that follows a write sees it even before the watch delivers it; an event older than
@@ -19,12 +19,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
 
 from pdmtp.api import vocabulary as v
+from pdmtp.api.kinds import Kind
+from pdmtp.kube import ApiError, send
 
 log = logging.getLogger(__name__)
 
@@ -33,41 +35,6 @@ Key = tuple[str, str]  # (namespace, name)
 SELECTOR = f"{v.LABEL_MANAGED_BY}={v.MANAGED_BY}"
 WATCH_SECONDS = (240, 360)
 """Server-side watch timeout, randomised so reflectors do not re-list in step."""
-
-
-@dataclass(frozen=True)
-class Kind:
-    """A child kind and the client calls that list it cluster-wide or in one namespace."""
-
-    name: str
-    list_all: Callable[..., Any]
-    list_namespaced: Callable[..., Any]
-
-
-def child_kinds(api: client.ApiClient) -> list[Kind]:
-    core, apps, net = client.CoreV1Api(api), client.AppsV1Api(api), client.NetworkingV1Api(api)
-    return [
-        Kind(
-            "Deployment", apps.list_deployment_for_all_namespaces, apps.list_namespaced_deployment
-        ),
-        Kind("Pod", core.list_pod_for_all_namespaces, core.list_namespaced_pod),
-        Kind("Service", core.list_service_for_all_namespaces, core.list_namespaced_service),
-        Kind(
-            "ServiceAccount",
-            core.list_service_account_for_all_namespaces,
-            core.list_namespaced_service_account,
-        ),
-        Kind(
-            "NetworkPolicy",
-            net.list_network_policy_for_all_namespaces,
-            net.list_namespaced_network_policy,
-        ),
-        Kind(
-            "ControllerRevision",
-            apps.list_controller_revision_for_all_namespaces,
-            apps.list_namespaced_controller_revision,
-        ),
-    ]
 
 
 def _owner(obj: Mapping[str, Any]) -> Key | None:
@@ -184,7 +151,7 @@ class Reflector:
         self.synced = threading.Event()
         self.stopped = threading.Event()
         self.thread = threading.Thread(
-            target=self._run, name=f"reflector-{kind.name}-{namespace or 'all'}", daemon=True
+            target=self._run, name=f"reflector-{kind.kind}-{namespace or 'all'}", daemon=True
         )
 
     def start(self) -> None:
@@ -192,11 +159,6 @@ class Reflector:
 
     def stop(self) -> None:
         self.stopped.set()
-
-    def _call(self) -> tuple[Callable[..., Any], dict[str, Any]]:
-        if self.namespace is None:
-            return self.kind.list_all, {}
-        return self.kind.list_namespaced, {"namespace": self.namespace}
 
     def _run(self) -> None:
         failures = 0
@@ -208,48 +170,56 @@ class Reflector:
                 failures += 1
                 delay = min(30.0, 0.5 * 2**failures) * (1 + random.random() / 4)
                 log.warning(
-                    "Watch of %s failed (%s); re-listing in %.1fs", self.kind.name, e, delay
+                    "Watch of %s failed (%s); re-listing in %.1fs", self.kind.kind, e, delay
                 )
                 self.stopped.wait(delay)
 
     def _list_and_watch(self) -> None:
-        call, scope = self._call()
-        self.on_request(self.kind.name, "LIST")
-        response = call(**scope, label_selector=SELECTOR, _preload_content=False)
-        listed = json.loads(response.data)
+        # One generic LIST and WATCH by path for every kind: the table says where it lives.
+        resource_path = self.kind.path(self.namespace)
+        selector = [("labelSelector", SELECTOR)]
+        self.on_request(self.kind.kind, "LIST")
+        listed = json.loads(send(self.api, "GET", resource_path, query=selector).read())
         for changed in self.store.replace(
-            self.kind.name, self.namespace, listed.get("items") or []
+            self.kind.kind, self.namespace, listed.get("items") or []
         ):
             self.notify(changed)
         self.synced.set()
         timeout = random.randint(*WATCH_SECONDS)
-        self.on_request(self.kind.name, "WATCH")
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
+        watch = [
+            ("watch", "true"),
+            ("resourceVersion", listed["metadata"]["resourceVersion"]),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout)),
+        ]
+        self.on_request(self.kind.kind, "WATCH")
+        response = send(
+            self.api, "GET", resource_path, query=selector + watch, timeout=timeout + 60
+        ).response  # the raw urllib3 response, read line by line as events arrive
         try:
-            for event in stream.stream(  # type: ignore[no-untyped-call]
-                call,
-                **scope,
-                label_selector=SELECTOR,
-                resource_version=listed["metadata"]["resourceVersion"],
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout,
-                _request_timeout=timeout + 60,
-                deserialize=False,  # raw dicts: typed models would only be thrown away
-            ):
+            for line in iter_resp_lines(response):  # type: ignore[no-untyped-call]
                 if self.stopped.is_set():
                     return
-                change, raw = event["type"], event["object"]
-                if change == "BOOKMARK":
-                    continue
-                meta = raw.get("metadata") or {}
-                if change == "DELETED":
-                    owner = self.store.drop(self.kind.name, meta.get("namespace", ""), meta["name"])
-                else:
-                    owner = self.store.put(self.kind.name, raw)
-                if owner is not None:
-                    self.notify(owner)
+                if line:
+                    self._apply(json.loads(line))
         finally:
-            stream.stop()  # type: ignore[no-untyped-call]
+            # Close before releasing: a half-read stream must not go back into the pool.
+            response.close()
+            response.release_conn()
+
+    def _apply(self, event: Mapping[str, Any]) -> None:
+        change, raw = event["type"], event["object"]
+        if change == "ERROR":  # e.g. 410 Gone: the resourceVersion expired; list again
+            raise ApiError(raw.get("code", 0), raw.get("reason", ""), raw.get("message", ""))
+        if change == "BOOKMARK":
+            return
+        meta = raw.get("metadata") or {}
+        if change == "DELETED":
+            owner = self.store.drop(self.kind.kind, meta.get("namespace", ""), meta["name"])
+        else:
+            owner = self.store.put(self.kind.kind, raw)
+        if owner is not None:
+            self.notify(owner)
 
 
 def wait_synced(reflectors: Iterable[Reflector], timeout: float) -> bool:

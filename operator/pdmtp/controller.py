@@ -23,7 +23,8 @@ from typing import Any
 import kopf
 
 from pdmtp.api import vocabulary as v
-from pdmtp.cache import ChildStore, Reflector, child_kinds, wait_synced
+from pdmtp.api.kinds import DEPLOYMENT, POD, WATCHED
+from pdmtp.cache import ChildStore, Reflector, wait_synced
 from pdmtp.core.actions import Action, Apply, Delete, Event, Rejection, Scale
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.core.validation import validate
@@ -128,7 +129,7 @@ class Controller:
             loop.call_soon_threadsafe(self.on_child_change, key)
 
         scopes: list[str | None] = list(self.options.namespaces) or [None]
-        for kind in child_kinds(self.kube.api):
+        for kind in WATCHED:
             for namespace in scopes:
                 reflector = Reflector(
                     self.kube.api,
@@ -193,12 +194,11 @@ class Controller:
     def observed(self, body: Mapping[str, Any], namespace: str, name: str) -> Observed:
         """The PDDeployment and its children as the caches hold them: no API request."""
         children = self.store.children(namespace, name)
+        # Every watched kind reaches the core: the two it reads apart, the rest as `others`.
         others = [
-            o
-            for kind in ("Service", "NetworkPolicy", "ServiceAccount", "ControllerRevision")
-            for o in children.get(kind, [])
+            o for k in WATCHED if k not in (DEPLOYMENT, POD) for o in children.get(k.kind, [])
         ]
-        return Observed(body, children.get("Deployment", []), children.get("Pod", []), others)
+        return Observed(body, children.get(DEPLOYMENT.kind, []), children.get(POD.kind, []), others)
 
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
         """Steps: 1 read the cached children, 2 decide (pure), 3 apply every action (keep going
@@ -235,7 +235,7 @@ class Controller:
                 elif isinstance(action, Scale):
                     scaled = self.kube.scale(namespace, action.name, action.replicas)
                     if scaled is not None:
-                        self.store.put("Deployment", scaled)
+                        self.store.put(DEPLOYMENT.kind, scaled)
                     log.info("Scaled %s to %d", action.key, action.replicas)
                 elif isinstance(action, Delete):
                     self.kube.delete(action.kind, namespace, action.name)

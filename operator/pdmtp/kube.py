@@ -10,30 +10,19 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 from kubernetes import client, config
 
 from pdmtp.api import vocabulary as v
+from pdmtp.api.kinds import BY_KIND, EVENT
 
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "pdmtp"
 RETRIED_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 T = TypeVar("T")
-
-# kind -> (API prefix, plural)
-RESOURCES: Mapping[str, tuple[str, str]] = {
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    "Pod": ("/api/v1", "pods"),
-    "Service": ("/api/v1", "services"),
-    "ServiceAccount": ("/api/v1", "serviceaccounts"),
-    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    "ControllerRevision": ("/apis/apps/v1", "controllerrevisions"),
-    v.KIND: (f"/apis/{v.API_VERSION}", v.PLURAL),
-}
 
 
 class ApiError(Exception):
@@ -66,11 +55,37 @@ def load_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 def path(kind: str, namespace: str, name: str | None = None, subresource: str = "") -> str:
-    prefix, plural = RESOURCES[kind]
-    p = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
-    if name is not None:
-        p += f"/{quote(name)}"
-    return p + (f"/{subresource}" if subresource else "")
+    return BY_KIND[kind].path(namespace, name, subresource)
+
+
+def send(
+    api: client.ApiClient,
+    method: str,
+    resource_path: str,
+    *,
+    query: Iterable[tuple[str, str]] = (),
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float | None = None,
+) -> Any:
+    """One request, its body left unread (a watch streams it); a status >= 300 raises ApiError."""
+    m, url, headers, payload, _ = api.param_serialize(
+        method,
+        resource_path,
+        query_params=list(query),
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(m, url, header_params=headers, body=payload, _request_timeout=timeout)
+    if response.status >= 300:
+        raw = response.read()  # type: ignore[no-untyped-call]
+        raise ApiError(response.status, response.reason or "", _text(raw))
+    return response
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
 
 class Kube:
@@ -101,19 +116,15 @@ class Kube:
         def once() -> dict[str, Any]:
             if self.on_request is not None:
                 self.on_request(verb or method)
-            m, url, headers, payload, _ = self.api.param_serialize(
+            response = send(
+                self.api,
                 method,
                 resource_path,
-                query_params=list((query or {}).items()),
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                query=(query or {}).items(),
                 body=body,
-                auth_settings=["BearerToken"],
+                content_type=content_type,
             )
-            response = self.api.call_api(m, url, header_params=headers, body=payload)
-            raw = response.read()  # type: ignore[no-untyped-call]
-            text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
-            if response.status >= 300:
-                raise ApiError(response.status, response.reason or "", text)
+            text = _text(response.read())
             return json.loads(text) if text else {}
 
         return self._retrying(once)
@@ -219,9 +230,7 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._request(
-            "POST", f"/api/v1/namespaces/{quote(meta.get('namespace', ''))}/events", body=body
-        )
+        self._request("POST", EVENT.path(meta.get("namespace", "")), body=body)
 
     def patch_status(
         self, namespace: str, name: str, new: Mapping[str, Any], old: Mapping[str, Any]

@@ -34,7 +34,9 @@ class FakeApi:
         query = "&".join(f"{k}={v}" for k, v in kw.get("query_params") or [])
         return method, f"{resource_path}?{query}", kw["header_params"], kw.get("body"), None
 
-    def call_api(self, method: str, url: str, header_params: Any, body: Any = None) -> Response:
+    def call_api(
+        self, method: str, url: str, header_params: Any, body: Any = None, **_: Any
+    ) -> Response:
         self.calls.append({"method": method, "url": url, "headers": header_params, "body": body})
         return self.answers.pop(0)
 
@@ -189,3 +191,68 @@ def test_a_relisting_drops_what_is_gone_and_reports_the_owners_that_changed() ->
     assert changed == {("ns", "b"), ("ns", "d")}
     assert store.children("ns", "b") == {} and store.children("other", "c") != {}
     assert store.size() == 3
+
+
+@dataclass
+class Streamed:
+    """A watch's raw response: events arrive in chunks that need not end at a line."""
+
+    chunks: list[bytes]
+    closed: bool = False
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Any:
+        return iter(self.chunks)
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        assert self.closed, "a half-read stream must not go back into the pool"
+
+
+@dataclass
+class WatchResponse(Response):
+    response: Streamed = field(default_factory=lambda: Streamed([]))
+
+
+def test_a_reflector_lists_then_watches_from_the_lists_resource_version() -> None:
+    from pdmtp.api.kinds import DEPLOYMENT
+    from pdmtp.cache import SELECTOR, ChildStore, Reflector
+
+    store = ChildStore()
+    store.put("Deployment", _child("stale", "c", "1"))  # deleted while no watch was open
+    events = [
+        {"type": "ADDED", "object": _child("b-1", "b", "8")},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+        {"type": "DELETED", "object": _child("a-1", "a", "10")},
+    ]
+    stream = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+    watch = Streamed([stream[:30], stream[30:-5], stream[-5:]])
+    listed = {"metadata": {"resourceVersion": "7"}, "items": [_child("a-1", "a", "6")]}
+    api = FakeApi([Response(200, listed), WatchResponse(200, response=watch)])
+    notified: list[tuple[str, str]] = []
+    reflector = Reflector(api, DEPLOYMENT, "ns", store, notified.append)  # type: ignore[arg-type]
+    reflector._list_and_watch()
+
+    assert reflector.synced.is_set() and watch.closed
+    assert sorted(notified) == [("ns", "a"), ("ns", "a"), ("ns", "b"), ("ns", "c")]
+    assert store.children("ns", "b")["Deployment"][0]["kind"] == "Deployment"
+    assert store.children("ns", "a") == {} and store.children("ns", "c") == {}
+    list_url, watch_url = (c["url"] for c in api.calls)
+    assert list_url == f"/apis/apps/v1/namespaces/ns/deployments?labelSelector={SELECTOR}"
+    assert watch_url.startswith(f"{list_url}&watch=true&resourceVersion=7&allowWatchBookmarks=")
+
+
+def test_a_watch_error_ends_the_watch_so_the_reflector_lists_again() -> None:
+    from pdmtp.api.kinds import POD
+    from pdmtp.cache import ChildStore, Reflector
+
+    gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": "too old"}}
+    watch = Streamed([json.dumps(gone).encode() + b"\n"])
+    listed = {"metadata": {"resourceVersion": "7"}, "items": []}
+    api = FakeApi([Response(200, listed), WatchResponse(200, response=watch)])
+    reflector = Reflector(api, POD, None, ChildStore(), lambda key: None)  # type: ignore[arg-type]
+    with pytest.raises(ApiError) as e:
+        reflector._list_and_watch()
+    assert e.value.status == 410 and watch.closed
+    assert api.calls[0]["url"].startswith("/api/v1/pods?")  # everywhere: no namespace

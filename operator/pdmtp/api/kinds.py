@@ -1,0 +1,117 @@
+"""Every kind of object the operator touches, once: where it lives in the API, whether the child
+cache watches it, and what the operator's identity does with it.
+
+The API paths (`pdmtp.kube`), the reflectors (`pdmtp.cache`), the observation handed to the core
+(`pdmtp.controller`) and the RBAC rules `deploy/rbac.yaml` must grant (a unit test compares them)
+all read this table, so a kind added here is paths, cache, observation and a failing RBAC test
+at once. Pure data: no Kubernetes client, no kopf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+from urllib.parse import quote
+
+from pdmtp.api import vocabulary as v
+
+Verb = Literal["list", "watch", "create", "patch", "delete"]
+Grant = tuple[str, str, str]
+"""One RBAC permission: (apiGroup, resource, verb)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    group: str
+    """Empty for the core group."""
+    version: str
+    plural: str
+    verbs: frozenset[Verb]
+    """What the operator's ServiceAccount does with it (the CLI runs as its user, not here)."""
+    namespaced: bool = True
+    watched: bool = False
+    """Listed and watched into the child cache (objects labelled managed-by pdmtp)."""
+    status_verbs: frozenset[Verb] = frozenset()
+    """What it does with the status subresource."""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str = "") -> str:
+        """The REST path; namespace None is the cluster-wide collection."""
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace is not None and self.namespaced:
+            prefix += f"/namespaces/{quote(namespace)}"
+        p = f"{prefix}/{self.plural}"
+        if name is not None:
+            p += f"/{quote(name)}"
+        return p + (f"/{subresource}" if subresource else "")
+
+    def grants(self) -> frozenset[Grant]:
+        own = {(self.group, self.plural, verb) for verb in self.verbs}
+        status = {(self.group, f"{self.plural}/status", verb) for verb in self.status_verbs}
+        return frozenset(own | status)
+
+
+def _verbs(*verbs: Verb) -> frozenset[Verb]:
+    return frozenset(verbs)
+
+
+READ = _verbs("list", "watch")
+APPLY = _verbs("list", "watch", "create", "patch")  # server-side apply creates or updates
+OWN = APPLY | _verbs("delete")
+
+# Watched kinds first, in the order the reflectors start.
+DEPLOYMENT: Final = Kind("Deployment", "apps", "v1", "deployments", OWN, watched=True)
+"""Per-revision workloads: applied, scaled (a patch), retired."""
+POD: Final = Kind("Pod", "", "v1", "pods", READ, watched=True)
+"""Engine and router pods, read only: readiness, IPs for the router, termination messages."""
+# Shared children (the client Service, the routers' ServiceAccount, the NetworkPolicy): watched
+# so a deleted or edited one is restored; never deleted (the owner reference garbage-collects).
+SERVICE: Final = Kind("Service", "", "v1", "services", APPLY, watched=True)
+SERVICE_ACCOUNT: Final = Kind("ServiceAccount", "", "v1", "serviceaccounts", APPLY, watched=True)
+NETWORK_POLICY: Final = Kind(
+    "NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies", APPLY, watched=True
+)
+CONTROLLER_REVISION: Final = Kind(
+    "ControllerRevision", "apps", "v1", "controllerrevisions", OWN, watched=True
+)
+"""Revision history (`pdmtp rollout undo`): one per spec, pruned to the limit."""
+EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
+"""Events about PDDeployments, posted only."""
+PDDEPLOYMENT: Final = Kind(v.KIND, v.GROUP, v.VERSION, v.PLURAL, READ, status_verbs=_verbs("patch"))
+"""The objects it reconciles: watched by kopf (not the child cache), status written back."""
+
+KINDS: Final = (
+    DEPLOYMENT,
+    POD,
+    SERVICE,
+    SERVICE_ACCOUNT,
+    NETWORK_POLICY,
+    CONTROLLER_REVISION,
+    EVENT,
+    PDDEPLOYMENT,
+)
+WATCHED: Final = tuple(k for k in KINDS if k.watched)
+BY_KIND: Final = {k.kind: k for k in KINDS}
+
+# kopf's own needs, beyond the PDDeployments it watches for the operator: finding the resource
+# it is asked to watch, and the namespaces to watch it in.
+KOPF: Final = (
+    Kind(
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        READ,
+        namespaced=False,
+    ),
+    Kind("Namespace", "", "v1", "namespaces", READ, namespaced=False),
+)
+
+
+def needed_grants() -> frozenset[Grant]:
+    """Every permission the operator's ServiceAccount needs, and nothing else."""
+    return frozenset(g for k in (*KINDS, *KOPF) for g in k.grants())
