@@ -25,7 +25,7 @@ import kopf
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import DEPLOYMENT, POD, WATCHED
 from pdmtp.cache import ChildStore, Reflector, wait_synced
-from pdmtp.core.actions import Action, Apply, Delete, Event, Rejection, Scale
+from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.core.validation import validate
 from pdmtp.kube import ApiError, Kube
@@ -241,6 +241,13 @@ class Controller:
                     self.kube.delete(action.kind, namespace, action.name)
                     self.store.drop(action.kind, namespace, action.name)
                     log.info("Deleted %s", action.key)
+                elif isinstance(action, Annotate):
+                    body = {"metadata": {"annotations": dict(action.annotations)}}
+                    patched = self.kube.patch(
+                        POD.kind, namespace, action.name, body, "application/merge-patch+json"
+                    )
+                    self.store.put(POD.kind, patched)
+                    log.info("Marked %s: %s", action.key, body["metadata"]["annotations"])
             except ApiError as e:
                 log.warning("The API server refused %s: %s", action.key, e.message)
                 refused.append(Rejection(action.key, e.status, e.message))

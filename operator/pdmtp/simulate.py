@@ -1,21 +1,25 @@
 """A simulated cluster for the rollout planner, checked by the invariant monitor at every moment.
 
 The simulation plays the parts Kubernetes plays for real: a Deployment controller that creates and
-deletes pods (unready ones first, as the ReplicaSet controller does), pods that become ready in an
-order the caller's random source decides, terminating pods that linger. `pdmtp plan` prints its
-trace; the unit tests drive it with hypothesis over many shapes and policies.
+deletes pods (unready ones first, then the lowest deletion cost, as the ReplicaSet controller
+does), pods that become ready in an order the caller's random source decides, terminating pods
+that linger, and routers that list the engines they were started with and are rolled (a new pod
+before an old one goes) when that membership changes. The operator's side is the planner and the
+removal gate (`core.removal`), exactly as the reconcile runs them. `pdmtp plan` prints its trace;
+the unit tests drive it with hypothesis over many shapes and policies.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, ROLES
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, plan
+from pdmtp.core.removal import EnginePod, Removal, RouterPod, gate, listed_urls
 
 _pod_names = itertools.count()
 
@@ -28,18 +32,26 @@ class SimPod:
     name: str = field(default_factory=lambda: f"pod-{next(_pod_names)}")
     scheduled: bool = True
     """Holds a node's capacity; with limited capacity a new pod waits unscheduled, never ready."""
+    created: float = 0.0
+    leaving: bool = False
+    released: bool = False
+    lists: frozenset[str] = frozenset()
+    """A router pod's engines (by name), fixed when it starts."""
 
 
 @dataclass
 class SimWorkload:
     replicas: int = 0
     pods: list[SimPod] = field(default_factory=list)
+    lists: frozenset[str] = frozenset()
+    """A router workload's template: the engines its new pods list."""
 
     def active(self) -> list[SimPod]:
         return [p for p in self.pods if p.terminating_for is None]
 
     def observe(self) -> RoleState:
-        return RoleState(self.replicas, len(self.pods), sum(p.ready for p in self.active()))
+        serving = sum(p.ready and not p.leaving for p in self.active())
+        return RoleState(self.replicas, len(self.pods), serving)
 
 
 @dataclass
@@ -99,6 +111,10 @@ class SimCluster:
         for role, n in counts.items():
             rev.workloads[role] = SimWorkload(n, [SimPod(ready=True) for _ in range(n)])
         sim.revisions[revision] = rev
+        members = sim.membership(rev, frozenset())
+        rev.workloads["router"].lists = members
+        for pod in rev.workloads["router"].pods:
+            pod.lists = members
         return sim
 
     def observe(self) -> list[RevisionState]:
@@ -109,7 +125,8 @@ class SimCluster:
         ]
 
     def moment(self, label: str) -> Moment:
-        """What a watcher would see now: the revisions and the engine pods on their way out."""
+        """What a watcher would see now: the revisions, the engine pods on their way out and the
+        engines each revision's router pods list."""
         terminating = [
             Terminating(pod.name, rev.revision, role)
             for rev in self.revisions.values()
@@ -117,11 +134,55 @@ class SimCluster:
             for pod in rev.workloads[role].pods
             if pod.terminating_for is not None
         ]
-        return Moment(self.now, self.observe(), terminating, label)
+        return Moment(self.now, self.observe(), terminating, label, listed_urls(self.routers()))
 
-    def apply(self, step: Step) -> None:
-        """Write the planner's step: replicas, drain marks and deletions (pods follow later)."""
-        for p in step.revisions:
+    def engines(self) -> list[EnginePod]:
+        """The live engine pods, as the removal gate sees them (a pod's URL is its name)."""
+        return [
+            EnginePod(
+                pod.name,
+                rev.revision,
+                role,
+                pod.name if pod.scheduled else None,
+                pod.ready,
+                pod.leaving,
+                pod.released,
+                pod.created,
+            )
+            for rev in self.revisions.values()
+            for role in ENGINE_ROLES
+            for pod in rev.workloads[role].active()
+        ]
+
+    def routers(self) -> list[RouterPod]:
+        """Every router pod, terminating ones too (they serve until they are gone)."""
+        return [
+            RouterPod(rev.revision, pod.lists)
+            for rev in self.revisions.values()
+            for pod in rev.workloads["router"].pods
+        ]
+
+    @staticmethod
+    def membership(rev: SimRevision, leaving: frozenset[str]) -> frozenset[str]:
+        """What the operator renders into the revision's router: ready engines, none leaving."""
+        return frozenset(
+            pod.name
+            for role in ENGINE_ROLES
+            for pod in rev.workloads[role].active()
+            if pod.ready and not pod.leaving and pod.name not in leaving
+        )
+
+    def apply(self, step: Step, removal: Removal | None = None) -> None:
+        """Write the operator's step: the marks on engine pods, replicas (as the removal gate
+        holds them), drain marks, deletions and the routers' membership (pods follow later)."""
+        plans = removal.plans if removal is not None else step.revisions
+        if removal is not None:
+            for marked in self.revisions.values():
+                for engine in ENGINE_ROLES:
+                    for pod in marked.workloads[engine].active():
+                        pod.leaving = pod.name in removal.leaving
+                        pod.released = pod.name in removal.released
+        for p in plans:
             rev = self.revisions.get(p.revision)
             if rev is None or rev.deleted:
                 if p.delete:
@@ -132,19 +193,56 @@ class SimCluster:
                 workload.replicas = 0 if p.delete else wanted[role]
             rev.drain_until = p.drain_until
             rev.deleted = p.delete
+            rev.workloads["router"].lists = self.membership(rev, frozenset())
         self.run_controllers()
 
     def run_controllers(self) -> None:
-        """The Deployment controller: create missing pods, delete surplus ones unready-first."""
+        """The Deployment controller: create missing pods; delete surplus ones unscheduled
+        first, then unready, then the lowest deletion cost, then the newest; roll a router whose
+        membership changed (its new pod first, the old one once the new one is ready)."""
         for rev in self.revisions.values():
-            for workload in rev.workloads.values():
+            for role, workload in rev.workloads.items():
+                if role == "router":
+                    self._roll_router(workload)
+                    continue
                 active = workload.active()
                 for _ in range(workload.replicas - len(active)):
-                    workload.pods.append(SimPod(scheduled=False))
+                    workload.pods.append(SimPod(scheduled=False, created=self.now))
                 surplus = len(active) - workload.replicas
-                for pod in sorted(active, key=lambda p: p.ready)[: max(surplus, 0)]:
-                    pod.ready = False
-                    pod.terminating_for = self.terminate_ticks
+                ranked = sorted(
+                    active, key=lambda p: (p.scheduled, p.ready, not p.released, -p.created)
+                )
+                for pod in ranked[: max(surplus, 0)]:
+                    self._terminate(pod)
+
+    def _roll_router(self, workload: SimWorkload) -> None:
+        """The router Deployment's rolling update (maxSurge 1, maxUnavailable 0): an outdated pod
+        goes while the others keep `replicas` ready; new pods come up to one beyond the
+        replicas."""
+        if workload.replicas == 0:
+            for pod in workload.active():
+                self._terminate(pod)
+            return
+        ready = sum(p.ready for p in workload.active())
+        for pod in sorted(workload.active(), key=lambda p: p.ready):
+            if pod.lists == workload.lists:
+                continue
+            if not pod.ready or ready - 1 >= workload.replicas:
+                ready -= pod.ready
+                self._terminate(pod)
+        active = workload.active()
+        current = [p for p in active if p.lists == workload.lists]
+        if len(current) == len(active):
+            surplus = max(len(current) - workload.replicas, 0)
+            for pod in sorted(current, key=lambda p: p.ready)[:surplus]:
+                self._terminate(pod)
+        room = min(workload.replicas + 1 - len(active), workload.replicas - len(current))
+        for _ in range(max(room, 0)):
+            workload.pods.append(SimPod(created=self.now, lists=workload.lists))
+
+    def _terminate(self, pod: SimPod) -> None:
+        pod.ready = False
+        pod.terminating_for = self.terminate_ticks
 
     def schedule(self) -> None:
         """The scheduler: pending pods take free capacity, oldest revision first."""
@@ -202,14 +300,19 @@ def run(
     ready_chance: float = 0.5,
     trace: Trace | None = None,
     until: Callable[[Step], bool] | None = None,
+    rescale: Mapping[int, Target] | None = None,
 ) -> Trace:
     """Drive the planner until the rollout to `target` completes (or `until` says stop),
     checking every moment. `policy` (default: the monitor's) may pause or hold the rollout; the
-    monitor's bounds stay those of its own policy."""
+    monitor's bounds stay those of its own policy. `rescale` changes the target at the given
+    ticks (replicas moved mid-roll, or a new revision); the monitor's bounds follow it."""
     trace = trace if trace is not None else Trace()
     monitor.retarget(sim.observe(), target)
     check(monitor, sim, "start")
-    for _ in range(max_ticks):
+    for tick in range(max_ticks):
+        if rescale and tick in rescale:
+            target = rescale[tick]
+            monitor.retarget(sim.observe(), target)
         observed = sim.observe()
         step = plan(observed, target, policy or monitor.policy, sim.now)
         trace.steps.append((sim.now, observed, step))
@@ -218,7 +321,8 @@ def run(
             return trace
         if until is not None and until(step):
             return trace
-        sim.apply(step)
+        removal = gate(step.revisions, observed, sim.engines(), sim.routers())
+        sim.apply(step, removal)
         check(monitor, sim, "after the planner's step")
         sim.advance(rng, ready_chance)
         check(monitor, sim, "after pods changed")

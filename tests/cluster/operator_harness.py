@@ -31,7 +31,13 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
-from pdmtp.core.observe import is_terminating, labels_of, name_of, revision_states
+from pdmtp.core.observe import (
+    is_terminating,
+    labels_of,
+    listed_engines,
+    name_of,
+    revision_states,
+)
 from pdmtp.core.planner import Policy, RevisionState
 from pdmtp.core.revision import target_and_policy
 
@@ -366,7 +372,8 @@ class RolloutWatcher:
             for p in self.pods.values()
             if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
-        moment = Moment(time.time(), self._states(), terminating, label)
+        listed = listed_engines(self.pods.values())
+        moment = Moment(time.time(), self._states(), terminating, label, listed)
         self.violations += self.monitor.check(moment)
         pods = list(self.pods.values())
         self.violations += [

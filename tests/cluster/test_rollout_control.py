@@ -228,6 +228,40 @@ def test_a_canary_holds_at_its_share_until_promoted(
     assert any(e.reason == "Promoted" for e in events(cluster, namespace, "canary"))
 
 
+def test_a_scale_down_takes_pods_out_of_routing_before_it_removes_them(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Serving, no rollout: 2P/3D -> 1P/1D -> 2P/2D. Every removed engine pod was first marked
+    leaving and dropped from its router's args (invariant 8 over every watch event)."""
+    b = pdd("shrink").mtp(3, modules=3).prefill(replicas=2).decode(replicas=3)
+    b.rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
+    create_pdd(cluster.api_client, namespace, b.dict())
+    rev = wait_settled(cluster.api_client, namespace, "shrink")["status"]["currentRevision"]
+    watcher = watch(cluster, namespace, "shrink", b)
+    for prefill, decode in ((1, 1), (2, 2)):
+        b.prefill(replicas=prefill).decode(replicas=decode)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, "shrink", b.dict()["spec"])
+        obj = wait_settled(cluster.api_client, namespace, "shrink", 120)
+        assert (obj["status"]["prefill"], obj["status"]["decode"]) == (
+            f"{prefill}/{prefill}",
+            f"{decode}/{decode}",
+        )
+    watcher.stop()
+    assert watcher.violations == [], watcher.violations[:5]
+    assert obj["status"]["currentRevision"] == rev, "scaling is no rollout"
+    pods = client.CoreV1Api(cluster.api_client).list_namespaced_pod(namespace).items
+    assert not [
+        p.metadata.name for p in pods if v.ANNOTATION_LEAVING in (p.metadata.annotations or {})
+    ]
+    leaving = [
+        e
+        for e in client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+        if e.reason == "PodLeaving"
+    ]
+    assert len(leaving) == 3, [e.message for e in leaving]
+
+
 def test_undo_returns_to_a_recorded_revision(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:

@@ -53,6 +53,7 @@ def test_operator_rbac_is_least_privilege(kind: Kind) -> None:
         ("create", "deployments.apps"),
         ("delete", "deployments.apps"),
         ("list", "pods"),
+        ("patch", "pods"),  # annotations only: a pod leaving routing before a scale-down
         ("create", "services"),
         ("create", "networkpolicies.networking.k8s.io"),
         ("create", "events"),

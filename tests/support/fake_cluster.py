@@ -8,7 +8,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdmtp.core.actions import Apply, Delete, Scale
+from pdmtp.api import vocabulary as v
+from pdmtp.core.actions import Annotate, Apply, Delete, Scale
+from pdmtp.core.hashing import short_hash
 from pdmtp.core.reconcile import Decision, Observed, decide
 
 Obj = dict[str, Any]
@@ -53,35 +55,51 @@ class FakeCluster:
                 self.objects[action.key] = manifest
             elif isinstance(action, Scale):
                 self.objects[f"Deployment/{action.name}"]["spec"]["replicas"] = action.replicas
+            elif isinstance(action, Annotate):
+                notes = self.pods[action.name]["metadata"].setdefault("annotations", {})
+                for key, value in action.annotations.items():
+                    if value is None:
+                        notes.pop(key, None)
+                    else:
+                        notes[key] = value
             elif isinstance(action, Delete):
                 self.objects.pop(f"{action.kind}/{action.name}", None)
                 for name in [n for n in self.pods if n.startswith(action.name + "-")]:
                     del self.pods[name]
 
     def run_pods(self, ready: bool = True) -> None:
-        """The Deployment controller and kubelet: every Deployment gets exactly its replicas."""
+        """The Deployment controller and kubelet: every Deployment gets exactly its replicas,
+        the lowest deletion cost deleted first, and a pod of an older template is replaced."""
         for key, dep in self.objects.items():
             if not key.startswith("Deployment/"):
                 continue
             name = dep["metadata"]["name"]
-            mine = sorted(n for n in self.pods if n.rsplit("-", 1)[0] == name)
+            template = dep["spec"]["template"]
+            stamp = short_hash(template, 10)
+            mine = [n for n in self.pods if n.rsplit("-", 1)[0] == name]
+            for old in [n for n in mine if self._label(n, "pod-template-hash") != stamp]:
+                del self.pods[old]
+            mine = sorted(
+                (n for n in self.pods if n.rsplit("-", 1)[0] == name),
+                key=lambda n: (int(self._note(n, v.ANNOTATION_DELETION_COST) or 0), n),
+            )
             want = dep["spec"]["replicas"]
-            for extra in mine[want:]:
+            for extra in mine[: max(len(mine) - want, 0)]:
                 del self.pods[extra]
-            template = dep["spec"]["template"]["metadata"]
-            for i in range(want):
-                pod_name = f"{name}-{i}"
-                if pod_name in self.pods:
-                    continue
+            for _ in range(want - len(self.pods_named(name))):
+                # The lowest free index: pod names stay those the golden statuses recorded.
+                index = next(i for i in range(len(self.pods) + 1) if f"{name}-{i}" not in self.pods)
+                pod_name = f"{name}-{index}"
                 self.pods[pod_name] = {
                     "kind": "Pod",
                     "metadata": {
                         "name": pod_name,
                         "namespace": dep["metadata"]["namespace"],
-                        "labels": dict(template["labels"]),
-                        "annotations": dict(template.get("annotations") or {}),
+                        "labels": {**template["metadata"]["labels"], "pod-template-hash": stamp},
+                        "annotations": dict(template["metadata"].get("annotations") or {}),
                         "uid": f"uid-{pod_name}",
                     },
+                    "spec": copy.deepcopy(template["spec"]),
                     "status": {
                         "phase": "Running",
                         "podIP": f"192.0.2.{self.next_ip}",
@@ -89,6 +107,17 @@ class FakeCluster:
                     },
                 }
                 self.next_ip += 1
+
+    def pods_named(self, deployment: str) -> list[str]:
+        return [n for n in self.pods if n.rsplit("-", 1)[0] == deployment]
+
+    def _label(self, pod: str, key: str) -> str | None:
+        labels: dict[str, str] = self.pods[pod]["metadata"].get("labels") or {}
+        return labels.get(key)
+
+    def _note(self, pod: str, key: str) -> str | None:
+        notes: dict[str, str] = self.pods[pod]["metadata"].get("annotations") or {}
+        return notes.get(key)
 
     def pods_of(self, deployment_suffix: str) -> list[Obj]:
         return [

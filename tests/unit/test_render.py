@@ -145,12 +145,16 @@ def test_no_speculation_renders_no_speculative_config() -> None:
     assert "--speculative-config" not in args_of(pdd().no_speculation().build().spec, "decode")
 
 
-def _stop(objs: dict[str, dict[str, Any]], role: str) -> tuple[int, int]:
-    """(grace period, preStop sleep) of a role's engine pods."""
+def _stop(objs: dict[str, dict[str, Any]], role: str) -> tuple[int, int, int]:
+    """(grace period, preStop sleep, vLLM --shutdown-timeout) of a role's engine pods."""
     pod = engine(objs, role)["spec"]["template"]["spec"]
-    return pod["terminationGracePeriodSeconds"], container({"spec": {"template": {"spec": pod}}})[
-        "lifecycle"
-    ]["preStop"]["sleep"]["seconds"]
+    c = pod["containers"][0]
+    shutdown = int(flag(c["args"], "--shutdown-timeout"))
+    return (
+        pod["terminationGracePeriodSeconds"],
+        c["lifecycle"]["preStop"]["sleep"]["seconds"],
+        shutdown,
+    )
 
 
 def test_pods_survive_model_loads_and_stop_gracefully() -> None:
@@ -161,18 +165,22 @@ def test_pods_survive_model_loads_and_stop_gracefully() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    # Serving for all but the shutdown's share of the grace period; 90 s unless the role says.
-    assert _stop(children(pdd()), "decode") == (90, 60)
+    # Serving through the preStop, then vLLM finishes what it holds (--shutdown-timeout) and
+    # exits inside the grace period: 90 s unless the pod settings say otherwise.
+    assert _stop(children(pdd()), "decode") == (90, 60, 25)
     own = children(
         pdd()
         .set(pod={"terminationGracePeriodSeconds": 200})
         .decode(pod={"terminationGracePeriodSeconds": 31})
     )
-    assert _stop(own, "prefill") == (200, 170) and _stop(own, "decode") == (31, 1)
-    assert _stop(children(pdd().decode(pod={"terminationGracePeriodSeconds": 5})), "decode") == (
-        5,
-        1,
-    )
+    assert _stop(own, "prefill") == (200, 170, 25) and _stop(own, "decode") == (31, 1, 25)
+    short = children(pdd().decode(pod={"terminationGracePeriodSeconds": 5}))
+    assert _stop(short, "decode") == (5, 1, 0)
+    for grace in range(1, 400):
+        g, pre_stop, shutdown = _stop(
+            children(pdd().set(pod={"terminationGracePeriodSeconds": grace})), "prefill"
+        )
+        assert pre_stop >= 1 and shutdown >= 0 and (pre_stop + shutdown < g or shutdown == 0)
 
 
 def test_drain_seconds_reaches_no_pod() -> None:

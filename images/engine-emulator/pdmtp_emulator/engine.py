@@ -133,6 +133,9 @@ class EngineEmulator:
     """What the bootstrap `/query` answers; anything but 200 comes with an error body."""
     record_requests: bool = True
     """Keep every request in `requests` (a pod serving thousands of requests turns this off)."""
+    shutdown_timeout: float = 60.0
+    """On shutdown, stop listening and give requests in flight this long (vLLM's
+    --shutdown-timeout)."""
 
     _kv: OrderedDict[str, tuple[float, KVRecord]] = field(default_factory=OrderedDict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -233,7 +236,7 @@ class EngineEmulator:
             self.worker_port = await self._listen(worker, self.worker_port)
 
     async def _listen(self, app: web.Application, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.shutdown_timeout)
         await runner.setup()
         site = web.TCPSite(runner, self.host, port, reuse_address=True)
         await site.start()

@@ -4,8 +4,9 @@ The operator renders an engine container's args as a `vllm serve` command line a
 (PDMTP_ROLE, VLLM_HOST_IP from the downward API, VLLM_MOONCAKE_BOOTSTRAP_PORT); this reads the
 same, so the emulator image drops in where the engine image goes. What it takes from them:
 `--host`/`--port` (where to listen), `--speculative-config` (its MTP k, reported as provenance),
-`--kv-transfer-config` (its kv_role must agree with PDMTP_ROLE). Everything else vLLM would use
-(model, dtype, parallelism) is accepted and ignored.
+`--kv-transfer-config` (its kv_role must agree with PDMTP_ROLE), `--shutdown-timeout` (on SIGTERM
+it stops listening and finishes the requests it holds for up to that long, as vLLM does).
+Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored.
 
 Its revision is read from the pod name, which the Deployment controller derives from the
 operator's workload name `<pdd>-<revision>-<role>` plus the ReplicaSet hash and a random suffix.
@@ -46,6 +47,7 @@ def parse_vllm_serve(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--speculative-config", default=None)
     parser.add_argument("--kv-transfer-config", default=None)
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0)
     args, _ignored = parser.parse_known_args(argv[2:])
     return args
 
@@ -73,6 +75,7 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
         identity=identity,
         pull_kv=True,
         record_requests=False,
+        shutdown_timeout=args.shutdown_timeout,
     )
 
 
@@ -96,7 +99,7 @@ async def run(engine: EngineEmulator) -> None:
         flush=True,
     )
     await stop.wait()
-    # The kubelet ran the pod's preStop drain before this signal; just close the listeners.
+    # The kubelet ran the pod's preStop before this signal: stop listening, finish what is held.
     await engine.shutdown()
 
 

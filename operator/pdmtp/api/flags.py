@@ -25,6 +25,7 @@ OWNED_FLAGS: Final[Mapping[str, str]] = {
     "-pp": "spec.<role>.pipelineParallelSize",
     "--speculative-config": "spec.speculative",
     "--kv-transfer-config": "spec.kvTransfer",
+    "--shutdown-timeout": "spec.pod.terminationGracePeriodSeconds",
     "--host": "the operator (pods listen on all interfaces)",
     "--port": "the operator (the engine port is fixed)",
 }

@@ -66,8 +66,9 @@ OWN = APPLY | _verbs("delete")
 # Watched kinds first, in the order the reflectors start.
 DEPLOYMENT: Final = Kind("Deployment", "apps", "v1", "deployments", OWN, watched=True)
 """Per-revision workloads: applied, scaled (a patch), retired."""
-POD: Final = Kind("Pod", "", "v1", "pods", READ, watched=True)
-"""Engine and router pods, read only: readiness, IPs for the router, termination messages."""
+POD: Final = Kind("Pod", "", "v1", "pods", READ | _verbs("patch"), watched=True)
+"""Engine and router pods: readiness, IPs for the router, termination messages; patched only to
+mark an engine pod leaving routing before a scale-down removes it (`core.removal`)."""
 # Shared children (the client Service, the routers' ServiceAccount, the NetworkPolicy): watched
 # so a deleted or edited one is restored; never deleted (the owner reference garbage-collects).
 SERVICE: Final = Kind("Service", "", "v1", "services", APPLY, watched=True)

@@ -310,8 +310,9 @@ class PodSettings(Model):
             "Seconds an engine pod has to stop once it is told to (default "
             f"{v.DEFAULT_ENGINE_GRACE_SECONDS}): it keeps answering for all but the last "
             f"{v.ENGINE_SHUTDOWN_SECONDS} (a preStop sleep of at least 1 s), so a router that "
-            "still lists it is served, then vLLM shuts down. Role-local: a change rolls the role; "
-            "spec.rollout.drainSeconds does not touch it."
+            "still lists it is served; then vLLM refuses new requests and finishes those it holds "
+            f"(`--shutdown-timeout`, {v.SHUTDOWN_MARGIN_SECONDS} s less than what is left). "
+            "Role-local: a change rolls the role; spec.rollout.drainSeconds does not touch it."
         ),
     )
 

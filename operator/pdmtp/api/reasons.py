@@ -186,6 +186,12 @@ UPDATED: Final = _reason(
     "spec change, or a foreign edit reverted.",
 )
 SCALED: Final = _reason(EVENT, "Scaled", "An old revision's Deployment was scaled.")
+POD_LEAVING: Final = _reason(
+    EVENT,
+    "PodLeaving",
+    "An engine pod a scale-down removes left its routers first; it is deleted once no router "
+    "lists it.",
+)
 TRAFFIC_STOPPED: Final = _reason(
     EVENT, "TrafficStopped", "A revision's router was turned off; its pods drain."
 )

@@ -41,6 +41,12 @@ ANNOTATION_ROUTER_MEMBERSHIP: Final = f"{GROUP}/router-membership"
 """Token of the engines a router was started with: a change restarts the router (docs/router.md)."""
 ANNOTATION_PROMOTE: Final = f"{GROUP}/promote"
 """On a PDDeployment: the canary revision a user promoted (`pdmtp rollout promote`)."""
+ANNOTATION_LEAVING: Final = f"{GROUP}/leaving"
+"""On an engine pod: out of routing before it is removed (RFC 3339 time it was marked)."""
+ANNOTATION_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
+"""The ReplicaSet controller deletes the pods with the lowest cost first."""
+RELEASED_DELETION_COST: Final = "-1000000"
+"""The cost a leaving pod gets once no router lists it: the ReplicaSet's first choice."""
 ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
 
 # Environment variables the rendered engine pods carry. The engine launcher (images/engine)
@@ -89,6 +95,8 @@ DEFAULT_BOOTSTRAP_PORT: Final = 8998
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default; also what vllm-router assumes when given none."""
 ENGINE_SHUTDOWN_SECONDS: Final = 30
 """The last part of an engine pod's grace period: vLLM's own shutdown after SIGTERM."""
+SHUTDOWN_MARGIN_SECONDS: Final = 5
+"""Of that part, what vLLM's --shutdown-timeout leaves for its processes to exit."""
 DEFAULT_ENGINE_GRACE_SECONDS: Final = 90
 """An engine pod's terminationGracePeriodSeconds unless spec.pod says otherwise: 60 s of serving
 after it is told to stop, then the shutdown (the template pdmtp rendered for drainSeconds' default

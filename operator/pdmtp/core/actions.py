@@ -60,7 +60,23 @@ class Delete:
         return f"{self.kind}/{self.name}"
 
 
-Action = Apply | Scale | Delete
+@dataclass(frozen=True)
+class Annotate:
+    """Merge-patch a pod's annotations (None removes one): the marks of `core.removal`."""
+
+    name: str
+    annotations: Mapping[str, str | None]
+    leaving: bool
+    """The pod is (now) leaving routing."""
+
+    kind = "Pod"
+
+    @property
+    def key(self) -> str:
+        return f"Pod/{self.name}"
+
+
+Action = Apply | Scale | Delete | Annotate
 
 
 @dataclass(frozen=True)

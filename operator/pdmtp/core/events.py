@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
 from pdmtp.api.status import Condition
-from pdmtp.core.actions import Action, Apply, Event, Scale
+from pdmtp.core.actions import Action, Annotate, Apply, Event, Scale
 from pdmtp.core.conditions import Transition
 from pdmtp.core.observe import format_time
 from pdmtp.core.planner import RevisionState, Step
@@ -109,6 +110,14 @@ def action_events(actions: Sequence[Action], refused: Collection[str]) -> list[E
         elif isinstance(a, Apply):
             fields = ", ".join(a.drift[:5]) + (" ..." if len(a.drift) > 5 else "")
             events.append(Event("Normal", reasons.UPDATED, f"Updated {a.key}: {fields}"))
+        elif isinstance(a, Annotate) and a.leaving and a.annotations.get(v.ANNOTATION_LEAVING):
+            events.append(
+                Event(
+                    "Normal",
+                    reasons.POD_LEAVING,
+                    f"Pod/{a.name} leaves its routers before the scale-down removes it",
+                )
+            )
         elif isinstance(a, Scale):
             events.append(
                 Event(

@@ -8,7 +8,9 @@ feeds it every watch event of a real rollout (its snapshots go through `observe`
 2. a revision takes traffic only with a ready prefill and a ready decode;
 3. ready serving pods per role stay >= the floor, all pods per role <= target + maxSurge;
 4. an old revision's engine pods start terminating only drainSeconds after its traffic stopped;
-5. on a superseded roll (A -> B -> C) the most established revision (A) serves longest.
+5. on a superseded roll (A -> B -> C) the most established revision (A) serves longest;
+8. an engine pod starts terminating only once no router pod of its revision lists it (scale-down,
+   canary share, a roll's shrinking revision: `core.removal`).
 
 Two documented exceptions are matched here as in the planner: a one-role floor of 0 makes every
 floor 0 (`availability_floor`), and a wedged superseded roll may hold one pod beyond maxSurge.
@@ -22,7 +24,7 @@ from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core.observe import engine_url, labels_of
+from pdmtp.core.observe import engine_url, labels_of, router_urls
 from pdmtp.core.planner import Policy, RevisionState, Target, availability_floor, establishment
 
 
@@ -44,6 +46,9 @@ class Moment:
     terminating: Sequence[Terminating] = ()
     label: str = ""
     """What was just observed, for the violation's message."""
+    listed: Mapping[str, frozenset[str]] | None = None
+    """Per revision, the engines its router pods (terminating ones too) list, by the same names
+    as `terminating` uses; None where the observer cannot tell (invariant 8 is not checked)."""
 
 
 def _serving_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
@@ -63,6 +68,7 @@ class InvariantMonitor:
     stopped_at: dict[str, float] = field(default_factory=dict)
     ever_served: set[str] = field(default_factory=set)
     seen_terminating: set[str] = field(default_factory=set)
+    seen_leaving_routes: set[str] = field(default_factory=set)
     anchor: str | None = None
     """The most established serving old revision when the roll started (invariant 5)."""
     superseded: bool = False
@@ -87,7 +93,23 @@ class InvariantMonitor:
             *self._capacity(moment, where),
             *self._drain(moment, where),
             *self._anchor(moment, where),
+            *self._leave_first(moment, where),
         ]
+
+    def _leave_first(self, moment: Moment, where: str) -> list[str]:
+        if moment.listed is None:
+            return []
+        out = []
+        for t in moment.terminating:
+            if t.pod in self.seen_leaving_routes:
+                continue
+            self.seen_leaving_routes.add(t.pod)
+            if t.pod in moment.listed.get(t.revision, frozenset()):
+                out.append(
+                    f"invariant 8 {where}: {t.role} pod {t.pod} of {t.revision} began "
+                    "terminating while a router of its revision still lists it"
+                )
+        return out
 
     def _traffic(self, moment: Moment, where: str) -> list[str]:
         out = []
@@ -178,8 +200,7 @@ def foreign_routes(
         containers = (((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
             "containers"
         ) or [{}]
-        args = containers[0].get("args") or []
-        urls = {args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--prefill", "--decode")}
+        urls = router_urls(containers[0].get("args") or [])
         foreign = {
             engine_url(ip)
             for p in pods

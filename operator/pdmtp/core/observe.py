@@ -19,6 +19,7 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.planner import RevisionState, RoleState
+from pdmtp.core.removal import EnginePod, RouterPod
 
 Obj = Mapping[str, Any]
 MEMBERSHIP_TOKEN_LENGTH = 16
@@ -59,6 +60,16 @@ def pod_ready(pod: Obj) -> bool:
         return False
     conditions = status.get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def is_leaving(pod: Obj) -> bool:
+    """Marked to leave routing before it is removed (`core.removal`)."""
+    return v.ANNOTATION_LEAVING in annotations_of(pod)
+
+
+def serves(pod: Obj) -> bool:
+    """Ready and not leaving: counted as serving capacity and listed by its routers."""
+    return pod_ready(pod) and not is_leaving(pod)
 
 
 # ---- pods that explain a stall or a failure -------------------------------------------------
@@ -153,7 +164,7 @@ def rejected_pods(deployments: Iterable[Obj]) -> list[PodIssue]:
 
 def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
-    return RoleState(replicas, len(pods), sum(pod_ready(p) for p in pods))
+    return RoleState(replicas, len(pods), sum(serves(p) for p in pods))
 
 
 def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[RevisionState]:
@@ -238,8 +249,10 @@ def revision_membership(
     deployment_name: str,
     revision: str,
     bootstrap_port: int = v.DEFAULT_BOOTSTRAP_PORT,
+    leaving: frozenset[str] = frozenset(),
 ) -> Membership:
-    """Pick the Ready engine pods of exactly one (deployment, revision) from pod objects (dicts).
+    """Pick the Ready engine pods of exactly one (deployment, revision) from pod objects (dicts),
+    leaving out those marked to leave (observed, or named in `leaving`: this step's marks).
 
     A pod of another revision or deployment is never selected, whatever else it carries, so a
     router can never pair across revisions. The order is stable (sorted), so the same pods always
@@ -255,7 +268,9 @@ def revision_membership(
             continue
         role = labels.get(v.LABEL_ROLE)
         ip = (pod.get("status") or {}).get("podIP")
-        if role not in v.ENGINE_ROLES or not ip or not pod_ready(pod):
+        if role not in v.ENGINE_ROLES or not ip or not serves(pod):
+            continue
+        if meta.get("name") in leaving:
             continue
         url = engine_url(ip)
         if role == "prefill":
@@ -270,3 +285,65 @@ def revision_membership(
             identity.append(f"d {url}")
     token = short_hash("\n".join(sorted(identity)), MEMBERSHIP_TOKEN_LENGTH)
     return Membership(tuple(sorted(prefills)), tuple(sorted(decodes)), token)
+
+
+# ---- what removal needs ---------------------------------------------------------------------
+
+
+def router_urls(args: Iterable[str]) -> frozenset[str]:
+    """The engine URLs a router's args list (`--prefill URL [PORT]`, `--decode URL`)."""
+    args = list(args)
+    return frozenset(args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--prefill", "--decode"))
+
+
+def _container_args(pod_spec: Obj) -> list[str]:
+    containers = pod_spec.get("containers") or [{}]
+    return list(containers[0].get("args") or [])
+
+
+def removal_view(pods: Iterable[Obj]) -> tuple[list[EnginePod], list[RouterPod]]:
+    """One PDDeployment's live engine pods and all its router pods (terminating ones too: they
+    serve through their preStop), as `core.removal` decides over them."""
+    engines: list[EnginePod] = []
+    routers: list[RouterPod] = []
+    for pod in pods:
+        labels = labels_of(pod)
+        revision, role = labels.get(v.LABEL_REVISION, ""), labels.get(v.LABEL_ROLE)
+        if role == "router":
+            routers.append(RouterPod(revision, router_urls(_container_args(pod.get("spec") or {}))))
+        elif role in v.ENGINE_ROLES and not is_terminating(pod):
+            ip = (pod.get("status") or {}).get("podIP")
+            meta = pod.get("metadata") or {}
+            notes = annotations_of(pod)
+            engines.append(
+                EnginePod(
+                    name=name_of(pod),
+                    revision=revision,
+                    role=role,
+                    url=engine_url(ip) if ip else None,
+                    ready=pod_ready(pod),
+                    leaving=is_leaving(pod),
+                    released=notes.get(v.ANNOTATION_DELETION_COST) == v.RELEASED_DELETION_COST,
+                    created=parse_time(meta.get("creationTimestamp")) or 0.0,
+                    template=labels.get("pod-template-hash", ""),
+                )
+            )
+    return engines, routers
+
+
+def listed_engines(pods: Iterable[Obj]) -> dict[str, frozenset[str]]:
+    """Per revision, the engine pods (by name, terminating ones too) that some router pod of that
+    revision, terminating ones too, lists: invariant 8's view (`core.invariants`)."""
+    pods = list(pods)
+    _, routers = removal_view(pods)
+    urls: dict[str, set[str]] = {}
+    for router in routers:
+        urls.setdefault(router.revision, set()).update(router.lists)
+    out: dict[str, set[str]] = {}
+    for pod in pods:
+        labels = labels_of(pod)
+        revision, ip = labels.get(v.LABEL_REVISION, ""), (pod.get("status") or {}).get("podIP")
+        listed = ip and engine_url(ip) in urls.get(revision, set())
+        if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
+            out.setdefault(revision, set()).add(name_of(pod))
+    return {rev: frozenset(names) for rev, names in out.items()}

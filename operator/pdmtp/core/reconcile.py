@@ -25,6 +25,7 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core import names, status
 from pdmtp.core.actions import (
     Action,
+    Annotate,
     Apply,
     Delete,
     Event,
@@ -44,11 +45,13 @@ from pdmtp.core.observe import (
     labels_of,
     parse_time,
     rejected_pods,
+    removal_view,
     revision_membership,
     revision_states,
     unschedulable,
 )
 from pdmtp.core.planner import Policy, RevisionPlan, Step, Target, plan
+from pdmtp.core.removal import EnginePod, Removal, gate
 from pdmtp.core.render import engine_deployment, router_deployment, shared_children
 from pdmtp.core.revision import target_and_policy
 from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
@@ -184,8 +187,10 @@ def decide(observed: Observed, now: float) -> Decision:
     )
     target, policy = steering.target, steering.policy
 
-    # 3. Plan.
+    # 3. Plan, and hold each scale-down until its pods are out of every router's list.
     step = plan(states, target, policy, now)
+    engines, routers = removal_view(pods)
+    removal = gate(step.revisions, states, engines, routers)
 
     # 4. Render and diff.
     existing = {key_of({**o, "kind": "Deployment"}): o for o in mine}
@@ -197,9 +202,10 @@ def decide(observed: Observed, now: float) -> Decision:
     history = recorded(observed.others, name)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
-    for p in step.revisions:
+    actions += _marks(removal, engines, stamp)
+    for p in removal.plans:
         revision_actions = _revision_actions(
-            pdd, p, steering.spec_revision, agreement, existing, pods, history
+            pdd, p, steering.spec_revision, agreement, existing, pods, history, removal.leaving
         )
         actions += revision_actions
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
@@ -243,6 +249,20 @@ def _requeue(
     return min(waits) if waits else None
 
 
+def _marks(removal: Removal, engines: Sequence[EnginePod], stamp: str) -> list[Action]:
+    """The leaving and release marks engine pods must carry after this step."""
+    out: list[Action] = []
+    for pod, leaving, released in removal.changes(engines):
+        was = next(e for e in engines if e.name == pod)
+        notes: dict[str, str | None] = {}
+        if leaving != was.leaving:
+            notes[v.ANNOTATION_LEAVING] = stamp if leaving else None
+        if released != was.released:
+            notes[v.ANNOTATION_DELETION_COST] = v.RELEASED_DELETION_COST if released else None
+        out.append(Annotate(pod, notes, leaving))
+    return out
+
+
 def _without_none(data: Any) -> Any:
     """The stored status as the writer would have written it (unset fields left out)."""
     if isinstance(data, Mapping):
@@ -260,6 +280,7 @@ def _revision_actions(
     existing: Mapping[str, Obj],
     pods: Sequence[Obj],
     history: Sequence[Recorded],
+    leaving: frozenset[str],
 ) -> list[Action]:
     name = pdd.metadata.name
     if p.delete:
@@ -297,6 +318,7 @@ def _revision_actions(
         deployment_name=name,
         revision=p.revision,
         bootstrap_port=eff.shared.kv_transfer.bootstrap_port,
+        leaving=leaving,
     )
     drain = None if p.drain_until is None else format_time(p.drain_until)
     router = router_deployment(pdd, eff, p.revision, p.router, membership, drain)

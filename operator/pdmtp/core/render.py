@@ -94,6 +94,20 @@ def speculative_config(shared: Shared, role: EngineRoleSettings) -> Manifest | N
     return config
 
 
+def stop_timings(role: EngineRoleSettings) -> tuple[int, int, int]:
+    """(grace period, preStop sleep, vLLM --shutdown-timeout) of a role's engine pods.
+
+    Told to stop, the pod keeps serving through the preStop sleep (a router that still lists it
+    is answered), then vLLM refuses new requests and finishes those it holds for up to the
+    shutdown timeout, and exits before the grace period runs out.
+    """
+    own = role.local.pod.termination_grace_period_seconds
+    grace = v.DEFAULT_ENGINE_GRACE_SECONDS if own is None else own
+    pre_stop = max(grace - v.ENGINE_SHUTDOWN_SECONDS, 1)
+    shutdown = max(min(grace - pre_stop, v.ENGINE_SHUTDOWN_SECONDS) - v.SHUTDOWN_MARGIN_SECONDS, 0)
+    return grace, pre_stop, shutdown
+
+
 def engine_args(shared: Shared, role: EngineRoleSettings, served: list[str]) -> list[str]:
     """The engine container's args: `vllm serve` `served` (the weights' positional model and
     flags) with every typed setting as a flag."""
@@ -116,6 +130,8 @@ def engine_args(shared: Shared, role: EngineRoleSettings, served: list[str]) -> 
         str(compat.tensor_parallel_size),
         "--pipeline-parallel-size",
         str(compat.pipeline_parallel_size),
+        "--shutdown-timeout",
+        str(stop_timings(role)[2]),
     ]
     if compat.max_model_len is not None:
         args += ["--max-model-len", str(compat.max_model_len)]
@@ -162,12 +178,6 @@ def _resources(shared: Shared, role: EngineRoleSettings) -> Manifest:
     }
 
 
-def _grace_seconds(role: EngineRoleSettings) -> int:
-    """The engine pod's grace period; it serves for all but its last ENGINE_SHUTDOWN_SECONDS."""
-    own = role.local.pod.termination_grace_period_seconds
-    return v.DEFAULT_ENGINE_GRACE_SECONDS if own is None else own
-
-
 def _probe(path: str, period: int, failures: int) -> Manifest:
     return {
         "httpGet": {"path": path, "port": "http"},
@@ -198,7 +208,7 @@ def engine_pod_template(
     security: Manifest = {"allowPrivilegeEscalation": False}
     if shared.kv_transfer.protocol == "rdma":
         security["capabilities"] = {"add": ["IPC_LOCK"]}
-    grace = _grace_seconds(settings)
+    grace, pre_stop, _ = stop_timings(settings)
     container: Manifest = {
         "name": ENGINE_CONTAINER,
         "image": shared.image,
@@ -215,7 +225,7 @@ def engine_pod_template(
         "startupProbe": _probe(HEALTH_PATH, 10, STARTUP_BUDGET_SECONDS // 10),
         "readinessProbe": _probe(HEALTH_PATH, 5, 3),
         "livenessProbe": _probe(HEALTH_PATH, 15, 4),
-        "lifecycle": {"preStop": {"sleep": {"seconds": max(grace - v.ENGINE_SHUTDOWN_SECONDS, 1)}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": pre_stop}}},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if local.env_from:
