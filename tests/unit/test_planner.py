@@ -14,20 +14,9 @@ from pdmtp.core import planner
 from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
 from pdmtp.simulate import InvariantViolation, SimCluster, Trace, run
+from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
-
-replicas = st.integers(1, 6)
-policies = st.builds(
-    Policy,
-    max_surge=st.integers(0, 3),
-    max_unavailable=st.integers(0, 3),
-    drain_seconds=st.integers(0, 6),
-).filter(lambda p: p.max_surge + p.max_unavailable > 0)
-
-
-def targets(revision: str) -> st.SearchStrategy[Target]:
-    return st.builds(Target, st.just(revision), replicas, replicas, st.integers(1, 3))
 
 
 def assert_only(sim: SimCluster, revision: str) -> None:

@@ -20,6 +20,7 @@ from pdmtp.core.observe import engine_url, router_urls
 from pdmtp.core.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
 from pdmtp.core.removal import EnginePod, RouterPod, gate
 from pdmtp.simulate import InvariantViolation, SimCluster, run
+from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
 NOW = 1_800_000_000.0
@@ -107,22 +108,10 @@ def test_an_unready_pod_goes_first_and_an_unrouted_revision_scales_at_once() -> 
 
 # ---- whole scale changes, simulated -----------------------------------------------------------
 
-replicas = st.integers(1, 5)
-policies = st.builds(
-    Policy,
-    max_surge=st.integers(0, 2),
-    max_unavailable=st.integers(0, 2),
-    drain_seconds=st.integers(0, 4),
-).filter(lambda p: p.max_surge + p.max_unavailable > 0)
-
-
-def shapes(revision: str) -> st.SearchStrategy[Target]:
-    return st.builds(Target, st.just(revision), replicas, replicas, st.integers(1, 3))
-
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    start=shapes("aaaa"),
+    start=targets("aaaa"),
     sizes=st.lists(st.tuples(replicas, replicas), min_size=1, max_size=4),
     policy=policies,
     seed=st.integers(0, 2**32),
@@ -142,8 +131,8 @@ def test_scaling_while_serving_never_terminates_a_listed_pod(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    a=shapes("aaaa"),
-    b=shapes("bbbb"),
+    a=targets("aaaa"),
+    b=targets("bbbb"),
     policy=policies,
     seed=st.integers(0, 2**32),
     at=st.integers(0, 40),
@@ -173,7 +162,7 @@ def test_scaling_at_any_step_of_a_paired_rollout_keeps_every_invariant(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    a=shapes("aaaa"),
+    a=targets("aaaa"),
     seed=st.integers(0, 2**32),
     percent=st.sampled_from([25, 50, 75]),
     prefill=replicas,

@@ -68,7 +68,9 @@ class Observed:
     deployments: Sequence[Obj] = ()
     pods: Sequence[Obj] = ()
     others: Sequence[Obj] = ()
-    """Services, NetworkPolicies and ServiceAccounts labelled with the PDDeployment's name."""
+    """The PDDeployment's other watched children: every kind in `pdmtp.api.kinds.WATCHED` but
+    Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions),
+    labelled with its name."""
 
 
 @dataclass(frozen=True)
