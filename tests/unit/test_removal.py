@@ -1,6 +1,7 @@
 """A pod leaves routing before it leaves the cluster (`core.removal`): the gate's steps one by
-one, then whole scale changes simulated (while serving, at every step of a paired rollout, during
-a canary hold) with invariant 8 (no engine pod terminates while a router of its revision lists it)
+one, then whole scale changes simulated (while serving, during a canary hold; at any step of a
+paired rollout in test_planner's mid-roll scaling test, whose monitor checks it too) with
+invariant 8 (no engine pod terminates while a router of its revision lists it)
 checked at every moment, and shown to fail without the gate."""
 
 from __future__ import annotations
@@ -127,37 +128,6 @@ def test_scaling_while_serving_never_terminates_a_listed_pod(
         assert run(sim, monitor, target, rng, max_ticks=MAX_TICKS).complete
         (final,) = sim.observe()
         assert (final.prefill.pods, final.decode.pods) == (prefill, decode)
-
-
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    a=targets("aaaa"),
-    b=targets("bbbb"),
-    policy=policies,
-    seed=st.integers(0, 2**32),
-    at=st.integers(0, 40),
-    prefill=replicas,
-    decode=replicas,
-)
-def test_scaling_at_any_step_of_a_paired_rollout_keeps_every_invariant(
-    a: Target, b: Target, policy: Policy, seed: int, at: int, prefill: int, decode: int
-) -> None:
-    sim = SimCluster.serving("aaaa", a)
-    scaled = replace(b, prefill=prefill, decode=decode)
-    trace = run(
-        sim,
-        InvariantMonitor(policy),
-        b,
-        random.Random(seed),
-        max_ticks=MAX_TICKS,
-        rescale={at: scaled},
-    )
-    assert trace.complete
-    (final,) = sim.observe()
-    assert final.revision == "bbbb"
-    assert (final.prefill.pods, final.decode.pods) == (
-        (prefill, decode) if at < len(trace.steps) else (b.prefill, b.decode)
-    )
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
