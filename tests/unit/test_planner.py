@@ -317,10 +317,18 @@ def test_a_canary_holds_at_its_share_then_promotion_completes(
 
 
 def test_canary_routers_realise_the_share() -> None:
-    assert planner.canary_routers(1, 25) == 3  # 1 of 4 endpoints: 25%
-    assert planner.canary_routers(1, 50) == 1
-    assert planner.canary_routers(2, 10) == 18
-    assert planner.canary_routers(1, 1) == planner.MAX_CANARY_ROUTERS
+    assert planner.canary_routers(1, 25) == (1, 3)  # 1 of 4 endpoints: 25%
+    assert planner.canary_routers(1, 50) == (1, 1)
+    assert planner.canary_routers(2, 10) == (2, 18)
+    assert planner.canary_routers(1, 75) == (3, 1)  # the canary's routers grow above 50%
+    assert planner.canary_routers(2, 90) == (18, 2)
+    assert planner.canary_routers(1, 1) == (1, planner.MAX_CANARY_ROUTERS)
+    for routers in range(1, 4):
+        for percent in range(1, 100):
+            mine, theirs = planner.canary_routers(routers, percent)
+            share = 100 * mine / (mine + theirs)
+            capped = planner.MAX_CANARY_ROUTERS in (mine, theirs)
+            assert capped or abs(share - percent) <= 100 / (mine + theirs), (routers, percent)
     assert planner.canary_replicas(Target("b", 8, 3, 1), 25) == {"prefill": 2, "decode": 1}
 
 

@@ -14,8 +14,9 @@ a `Step`: every revision's replicas, and an outcome, as LWS's DisaggregatedSet p
 
 A canary (`Policy.canary_percent`) rolls the new revision to that share of each role's replicas
 (at least one pod) while the most established serving revision (the anchor) keeps the rest and
-its traffic; the anchor's routers are scaled so the new revision's routers are that share of
-the client Service's endpoints (`canary_routers`). Promotion drops the canary from the policy
+its traffic; the routers of the two are scaled so the new revision's routers are that share of
+the client Service's endpoints (`canary_routers`: the anchor's grow for a share under 50%, the
+canary's for one above). Promotion drops the canary from the policy
 and the rollout goes on from where it holds.
 
 The invariants it keeps (docs/design.md, "Rollout invariants"):
@@ -208,9 +209,16 @@ def canary_replicas(target: Target, percent: int) -> dict[EngineRole, int]:
     return {r: max(1, math.ceil(target.replicas(r) * percent / 100)) for r in ENGINE_ROLES}
 
 
-def canary_routers(routers: int, percent: int) -> int:
-    """The anchor's routers that give the canary's `routers` `percent` of all router endpoints."""
-    return min(MAX_CANARY_ROUTERS, max(routers, round(routers * (100 - percent) / percent)))
+def canary_routers(routers: int, percent: int) -> tuple[int, int]:
+    """(the canary's routers, the anchor's) giving the canary `percent` of all router endpoints:
+    the side with the smaller share keeps `routers`, the other grows (up to MAX_CANARY_ROUTERS)."""
+    if percent <= 50:
+        return routers, min(
+            MAX_CANARY_ROUTERS, max(routers, round(routers * (100 - percent) / percent))
+        )
+    return min(
+        MAX_CANARY_ROUTERS, max(routers, round(routers * percent / (100 - percent)))
+    ), routers
 
 
 def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now: float) -> Step:
@@ -240,6 +248,8 @@ class _Hold:
     share: dict[EngineRole, int]
     keep: dict[EngineRole, int]
     routers: int
+    """The anchor's routers."""
+    canary_routers: int
 
 
 def _hold(olds: Sequence[RevisionState], target: Target, policy: Policy) -> _Hold | None:
@@ -256,8 +266,8 @@ def _hold(olds: Sequence[RevisionState], target: Target, policy: Policy) -> _Hol
         keep[r] = min(max(1, target.replicas(r) - share[r]), room, anchor.role(r).replicas)
         if keep[r] < 1:
             return None  # no room for both revisions: the canary degenerates to a rollout
-    routers = canary_routers(target.router, policy.canary_percent)
-    return _Hold(anchor.revision, share, keep, routers)
+    mine, theirs = canary_routers(target.router, policy.canary_percent)
+    return _Hold(anchor.revision, share, keep, theirs, mine)
 
 
 def _paused(observed: Sequence[RevisionState], target: Target, now: float) -> Step:
@@ -335,7 +345,7 @@ def _plan(
         target.revision,
         update_replicas["prefill"],
         update_replicas["decode"],
-        target.router if pairable else 0,
+        (target.router if hold is None else hold.canary_routers) if pairable else 0,
         drain_until=draining,
     )
     plans = (*old_plans, update_plan)
