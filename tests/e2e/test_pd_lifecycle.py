@@ -219,15 +219,15 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
     refusals: list[dict[str, Any]] = []
 
     def rolled_back() -> dict[str, Any] | None:
-        update = kind.pdd(namespace, NAME).get("status", {}).get("updateRevision")
-        if update and update != serving:
-            for pod in revision_pods(kind, namespace, update):
+        for pod in kind.pods(namespace, f"{LABEL_NAME}={NAME}"):
+            if pod["metadata"]["labels"].get(LABEL_REVISION) != serving:
                 if (found := refusal(pod)) is not None:
                     refusals.append(found)
         cond = kind.condition(namespace, NAME, "Degraded")
         return cond if cond and cond["status"] == "True" else None
 
-    cond = wait_for(rolled_back, "Degraded=True", 600, every=2)
+    # The refused pods go within a second or two of the refusal: look often.
+    cond = wait_for(rolled_back, "Degraded=True", 600, every=0.3)
     status = kind.pdd(namespace, NAME)["status"]
     refused_revision = status["updateRevision"]
     assert refused_revision != serving

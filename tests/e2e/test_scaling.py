@@ -36,7 +36,9 @@ def spec_for(kind: Kind, prefill: int, decode: int) -> dict[str, Any]:
         .mtp(3, modules=3, method="deepseek_mtp")
         .prefill(replicas=prefill)
         .decode(replicas=decode)
-        .router(image=kind.images.router)
+        # The kind node has the machine's 2 cores: a canary runs two revisions' routers, and
+        # each roll adds one more for a moment.
+        .router(image=kind.images.router, resources={"requests": {"cpu": "100m"}})
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # Emulated engines stop at once: 3 s of serving after they are told to stop.
         .set(pod={"terminationGracePeriodSeconds": 33})

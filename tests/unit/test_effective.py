@@ -171,7 +171,12 @@ EVERY_FIELD: dict[str, Any] = {
             "podAnnotations": {"c": "d"},
             "kvTransfer": {"deviceNames": ["mlx5_2"]},
         },
-        "router": {"replicas": 2, "policy": "round_robin", "image": "registry.example/router:1"},
+        "router": {
+            "replicas": 2,
+            "policy": "round_robin",
+            "image": "registry.example/router:1",
+            "resources": {"requests": {"cpu": "100m"}},
+        },
         "rollout": {
             "maxSurge": 1,
             "maxUnavailable": 0,

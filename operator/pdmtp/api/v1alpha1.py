@@ -424,6 +424,14 @@ class RouterSpec(Model):
         default=v.DEFAULT_ROUTER_IMAGE,
         description="Router image (images/router), vllm-router pinned.",
     )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description=(
+            "The router container's resources; unset: requests cpu 500m and memory 256Mi, "
+            "limits memory 1Gi. A router rolls whenever its revision's engines change, one new "
+            "pod before the old one goes: leave room for it."
+        ),
+    )
 
 
 class CanarySpec(Model):

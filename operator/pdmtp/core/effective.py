@@ -80,6 +80,7 @@ FIELD_GROUPS: Mapping[str, Group] = {
     "router.replicas": "unhashed",
     "router.policy": "role",
     "router.image": "role",
+    "router.resources": "role",
     "rollout": "unhashed",
     "revisionHistoryLimit": "unhashed",
 }
@@ -149,6 +150,7 @@ class RouterSettings:
     image: str
     policy: str
     replicas: int
+    resources: ResourceRequirements | None
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,9 @@ def resolve(spec: PDDeploymentSpec) -> Effective:
         shared=Shared(spec.image, spec.model, spec.engine, spec.speculative, spec.kv_transfer),
         prefill=prefill,
         decode=decode,
-        router=RouterSettings(spec.router.image, spec.router.policy, spec.router.replicas),
+        router=RouterSettings(
+            spec.router.image, spec.router.policy, spec.router.replicas, spec.router.resources
+        ),
         rollout=spec.rollout,
         revision_history_limit=spec.revision_history_limit,
     )

@@ -8,6 +8,7 @@ cluster or the clock.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,11 @@ STARTUP_BUDGET_SECONDS = 1800
 ROUTER_DRAIN_SECONDS = 5
 """A retiring router's pod serves this long after it leaves the endpoints (kube-proxy's lag)."""
 ROUTER_SHUTDOWN_SECONDS = 30
+ROUTER_RESOURCES: Manifest = {
+    "requests": {"cpu": "500m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+"""The router container's resources unless spec.router.resources says otherwise."""
 
 
 @dataclass(frozen=True)
@@ -333,7 +339,11 @@ def router_deployment(
         # A router being replaced or retired leaves the Service's endpoints at once, but kube-proxy
         # learns that a moment later: keep answering new connections meanwhile.
         "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}},
-        "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "resources": (
+            copy.deepcopy(ROUTER_RESOURCES)
+            if eff.router.resources is None
+            else eff.router.resources.model_dump(by_alias=True, mode="json")
+        ),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -92,7 +92,10 @@ def revision_of(eff: Effective) -> str:
 def hash_of(eff: Effective, role: Role) -> str:
     """Short hash of one role's local group (the router's: image and policy)."""
     if role == "router":
-        return _digest({"image": eff.router.image, "policy": eff.router.policy})
+        router: dict[str, Any] = {"image": eff.router.image, "policy": eff.router.policy}
+        if eff.router.resources is not None:  # hashed only when set
+            router["resources"] = _dump(eff.router.resources)
+        return _digest(router)
     return _digest(role_settings(eff.role(role)))
 
 
