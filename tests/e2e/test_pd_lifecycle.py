@@ -220,9 +220,9 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
 
     def rolled_back() -> dict[str, Any] | None:
         for pod in kind.pods(namespace, f"{LABEL_NAME}={NAME}"):
-            if pod["metadata"]["labels"].get(LABEL_REVISION) != serving:
-                if (found := refusal(pod)) is not None:
-                    refusals.append(found)
+            found = refusal(pod)
+            if found is not None and pod["metadata"]["labels"].get(LABEL_REVISION) != serving:
+                refusals.append(found)
         cond = kind.condition(namespace, NAME, "Degraded")
         return cond if cond and cond["status"] == "True" else None
 
