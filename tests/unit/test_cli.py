@@ -125,7 +125,7 @@ def test_plan_prints_the_paired_roll(capsys: pytest.CaptureFixture[str], tmp_pat
     new = write(tmp_path, pdd().mtp(2, modules=3).prefill(replicas=2).dict(), "new.yaml")
     code, out, _ = run_cli("plan", "--from", old, "--to", new, capsys=capsys)
     assert code == 0
-    assert "rollout complete" in out and "invariants 2-5 held" in out
+    assert "rollout complete" in out and "invariants 2-5 and 8 held" in out
     assert "unroute" in out and "retire" in out
 
 
