@@ -147,7 +147,7 @@ def test_2_a_canary_hold_and_its_promotion_lose_no_request(kind: Kind, namespace
 
     def held() -> dict[str, Any] | None:
         rollout = kind.pdd(namespace, NAME).get("status", {}).get("rollout") or {}
-        return rollout if rollout.get("phase") == "Held" else None
+        return rollout if rollout.get("phase") == "CanaryHold" else None
 
     rollout = wait_for(held, "the canary hold", 240)
     new = rollout["revision"]
