@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pdmtp.api.vocabulary import (
     ANNOTATION_BOOTSTRAP_PORT,
+    ANNOTATION_LEAVING,
     DEFAULT_BOOTSTRAP_PORT,
     ENGINE_HTTP_PORT,
     LABEL_NAME,
@@ -19,7 +20,7 @@ from pdmtp.api.vocabulary import (
     ROUTER_METRICS_PORT,
     ROUTER_POLICIES,
 )
-from pdmtp.core.observe import Membership, Prefill, revision_membership
+from pdmtp.core.observe import Membership, Prefill, name_of, revision_membership
 from pdmtp.core.router import router_args, static_router_args
 
 
@@ -153,6 +154,19 @@ def test_membership_takes_only_ready_running_pods_with_an_ip() -> None:
     )
     assert m.decodes == (f"http://203.0.113.1:{ENGINE_HTTP_PORT}",)
     assert m.routable
+
+
+def test_membership_leaves_out_pods_leaving_routing() -> None:
+    """Marked (observed) or being marked in this step (`leaving`): out of the router's args."""
+    marked = pod("203.0.113.2", "decode")
+    marked["metadata"].setdefault("annotations", {})[ANNOTATION_LEAVING] = "2026-12-01T00:00:00Z"
+    pods = [pod("198.51.100.1", "prefill"), pod("203.0.113.1", "decode"), marked]
+    m = revision_membership(pods, deployment_name="demo", revision="r1")
+    assert m.decodes == (f"http://203.0.113.1:{ENGINE_HTTP_PORT}",)
+    step = revision_membership(
+        pods[:2], deployment_name="demo", revision="r1", leaving=frozenset({name_of(pods[1])})
+    )
+    assert step.decodes == () and not step.routable
 
 
 def test_membership_reads_the_bootstrap_annotation_and_brackets_ipv6() -> None:
