@@ -334,8 +334,8 @@ def _simulate(
     print(
         f"{what} {start.revision} -> {target.revision} {status} in "
         f"{len(trace.steps)} steps (maxSurge {policy.max_surge}, maxUnavailable "
-        f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 and 8 held "
-        "at every step."
+        f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 and 8 "
+        "held at every step."
     )
     return 0 if trace.complete else 3
 
