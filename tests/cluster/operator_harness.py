@@ -310,7 +310,13 @@ class RolloutWatcher:
         """The spec is about to become `spec`: bounds and the anchor from what serves now."""
         target, _ = target_and_policy(check(spec))
         with self._lock:
+            before = dict(self.monitor.max_pods)
             self.monitor.retarget(self._states(), target)
+            # What the operator decided for the previous spec may still land after this (a pod it
+            # created just before it saw a smaller one): the pods ceiling keeps the higher of
+            # the two. The simulator, which has no such lag, checks the exact bounds.
+            for role, ceiling in before.items():
+                self.monitor.max_pods[role] = max(ceiling, self.monitor.max_pods[role])
 
     def stop(self) -> None:
         self._stop.set()
