@@ -19,7 +19,7 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.planner import RevisionState, RoleState
-from pdmtp.core.removal import EnginePod, RouterPod
+from pdmtp.core.removal import EnginePod, RouterPod, listed_urls
 
 Obj = Mapping[str, Any]
 MEMBERSHIP_TOKEN_LENGTH = 16
@@ -335,15 +335,12 @@ def listed_engines(pods: Iterable[Obj]) -> dict[str, frozenset[str]]:
     """Per revision, the engine pods (by name, terminating ones too) that some router pod of that
     revision, terminating ones too, lists: invariant 8's view (`core.invariants`)."""
     pods = list(pods)
-    _, routers = removal_view(pods)
-    urls: dict[str, set[str]] = {}
-    for router in routers:
-        urls.setdefault(router.revision, set()).update(router.lists)
+    urls = listed_urls(removal_view(pods)[1])
     out: dict[str, set[str]] = {}
     for pod in pods:
         labels = labels_of(pod)
         revision, ip = labels.get(v.LABEL_REVISION, ""), (pod.get("status") or {}).get("podIP")
-        listed = ip and engine_url(ip) in urls.get(revision, set())
+        listed = ip and engine_url(ip) in urls.get(revision, frozenset())
         if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
             out.setdefault(revision, set()).add(name_of(pod))
     return {rev: frozenset(names) for rev, names in out.items()}

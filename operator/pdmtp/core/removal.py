@@ -102,9 +102,7 @@ def gate(
 ) -> Removal:
     """Hold each planned scale-down until its victims are out of every router's list."""
     state_of = {s.revision: s for s in states}
-    listed: dict[str, set[str]] = {}
-    for router in routers:
-        listed.setdefault(router.revision, set()).update(router.lists)
+    listed = listed_urls(routers)
     out: list[RevisionPlan] = []
     leaving: set[str] = set()
     released: set[str] = set()
@@ -120,7 +118,7 @@ def gate(
             live = [e for e in engines if e.revision == p.revision and e.role == role]
             want, current = p.replicas(role), state.role(role).replicas
             victims = _victims(live, want, current, routed)
-            urls = listed.get(p.revision, set())
+            urls = listed.get(p.revision, frozenset())
             blocked = [v for v in victims if v.url is not None and v.url in urls]
             free = [v for v in victims if v not in blocked]
             leaving.update(v.name for v in victims)
