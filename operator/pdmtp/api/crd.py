@@ -12,11 +12,15 @@ from typing import Any
 
 import yaml
 
+from pdmtp.api import corev1
 from pdmtp.api import vocabulary as v
 from pdmtp.api.rules import CEL_KEY
 from pdmtp.api.v1alpha1 import METADATA_NAME, PDDeployment
 
 JsonSchema = dict[str, Any]
+
+DOCS_TYPE = "x-pdmtp-type"
+"""The type name of a core/v1 stand-in (openapi_schema(embed=False) only; never in the CRD)."""
 
 _DROPPED_KEYS = frozenset({"title", "discriminator", "examples"})
 
@@ -73,8 +77,41 @@ def _is_null(schema: JsonSchema) -> bool:
     return schema.get("type") == "null"
 
 
-def _structural(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
+def _embedded(schema: JsonSchema, embed: bool) -> JsonSchema:
+    """A core/v1 field (pdmtp.api.corev1.CoreV1): Kubernetes' schema, inlined, with our own
+    bounds and rules laid over its objects; or, for the field reference, a named stand-in."""
+    field = schema[corev1.MARKER]
+    rest = {
+        k: val
+        for k, val in schema.items()
+        if k not in (corev1.MARKER, corev1.REFINE) and k not in _DROPPED_KEYS
+    }
+    refine = schema.get(corev1.REFINE) or {}
+    if not embed:
+        kind = "array" if corev1.type_name(field).startswith("list") else "object"
+        rules = [
+            *refine.get(CEL_KEY, []),
+            *(
+                rule
+                for sub in refine.get("properties", {}).values()
+                for rule in sub.get(CEL_KEY, [])
+            ),
+        ]
+        return {"type": kind, DOCS_TYPE: corev1.type_name(field), **rest, CEL_KEY: rules}
+    out = corev1.schema(field)
+    if refine:
+        target = out["items"] if out.get("type") == "array" else out
+        for name, extra in refine["properties"].items():
+            target["properties"][name].update(extra)
+        if CEL_KEY in refine:
+            target[CEL_KEY] = refine[CEL_KEY]
+    return {**out, **rest}
+
+
+def _structural(schema: JsonSchema, defs: dict[str, JsonSchema], embed: bool = True) -> JsonSchema:
     """Rewrite one JSON Schema node (recursively) into its structural form."""
+    if corev1.MARKER in schema:
+        return _embedded(schema, embed)
     if "$ref" in schema:
         target = defs[schema["$ref"].rsplit("/", 1)[-1]]
         # Keys beside $ref (description, CEL rules of the field) override the definition's.
@@ -83,16 +120,16 @@ def _structural(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
         field_rules = schema.get(CEL_KEY, [])
         if target_rules and field_rules:
             merged[CEL_KEY] = [*target_rules, *field_rules]
-        return _structural(merged, defs)
+        return _structural(merged, defs, embed)
 
     if "anyOf" in schema:
         options = [o for o in schema["anyOf"] if not _is_null(o)]
         nullable = len(options) < len(schema["anyOf"])
         rest = {k: val for k, val in schema.items() if k != "anyOf"}
         if len(options) == 1:
-            out = _structural({**options[0], **rest}, defs)
+            out = _structural({**options[0], **rest}, defs, embed)
         elif sorted(o.get("type", "") for o in options) == ["integer", "string"]:
-            out = _structural(rest, defs)
+            out = _structural(rest, defs, embed)
             out["x-kubernetes-int-or-string"] = True
             # A string branch's maxLength (it keeps CEL's cost estimate finite) moves up: the
             # branches of int-or-string must stay bare, and maxLength applies to strings only.
@@ -114,12 +151,14 @@ def _structural(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
         if key == "const":
             result["enum"] = [value]
         elif key == "properties":
-            result["properties"] = {name: _structural(sub, defs) for name, sub in value.items()}
+            result["properties"] = {
+                name: _structural(sub, defs, embed) for name, sub in value.items()
+            }
         elif key == "items":
-            result["items"] = _structural(value, defs)
+            result["items"] = _structural(value, defs, embed)
         elif key == "additionalProperties":
             if isinstance(value, dict):
-                result["additionalProperties"] = _structural(value, defs)
+                result["additionalProperties"] = _structural(value, defs, embed)
             elif value is True:
                 result["x-kubernetes-preserve-unknown-fields"] = True
             # `false` beside `properties` is not structural; pruning does that job.
@@ -152,11 +191,12 @@ def _list_maps(schema: JsonSchema) -> None:
         status[name]["x-kubernetes-list-map-keys"] = [key]
 
 
-def openapi_schema() -> JsonSchema:
-    """The structural OpenAPI v3 schema of PDDeployment."""
+def openapi_schema(embed: bool = True) -> JsonSchema:
+    """The structural OpenAPI v3 schema of PDDeployment. `embed=False` leaves the core/v1
+    fields as named stand-ins (the field reference links Kubernetes' documentation instead)."""
     raw = PDDeployment.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    schema = _structural(raw, defs)
+    schema = _structural(raw, defs, embed)
     schema["properties"]["metadata"] = {"type": "object"}
     schema["properties"]["apiVersion"] = {"type": "string"}
     schema["properties"]["kind"] = {"type": "string"}
@@ -167,8 +207,8 @@ def openapi_schema() -> JsonSchema:
     return schema
 
 
-def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition object."""
+def crd(embed: bool = True) -> dict[str, Any]:
+    """The CustomResourceDefinition object (`embed`: see openapi_schema)."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -194,7 +234,7 @@ def crd() -> dict[str, Any]:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "schema": {"openAPIV3Schema": openapi_schema(embed)},
                 }
             ],
         },

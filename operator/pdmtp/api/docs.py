@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdmtp.api import reasons
-from pdmtp.api.crd import crd
+from pdmtp.api.crd import DOCS_TYPE, crd
 from pdmtp.api.rules import CEL_KEY
 
 JsonSchema = dict[str, Any]
@@ -66,6 +66,8 @@ def _json(value: Any) -> str:
 
 def type_name(node: JsonSchema) -> str:
     """A reader's name for a schema node's type: `list of string`, `map of string to ...`."""
+    if DOCS_TYPE in node:
+        return str(node[DOCS_TYPE])
     if node.get("x-kubernetes-int-or-string"):
         return "int-or-string"
     kind = node.get("type")
@@ -196,7 +198,8 @@ def _printer_columns(version: JsonSchema) -> list[str]:
 
 def field_reference() -> str:
     """The Markdown field reference of PDDeployment: deterministic, ends with one newline."""
-    definition = crd()
+    # Kubernetes' own core/v1 schemas (volumes, affinity, ...) are named, not spelled out.
+    definition = crd(embed=False)
     names = definition["spec"]["names"]
     group = definition["spec"]["group"]
     (version,) = definition["spec"]["versions"]

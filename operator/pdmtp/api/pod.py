@@ -12,6 +12,7 @@ from pydantic import ConfigDict, Field
 from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
 from pdmtp.api.base import Model
+from pdmtp.api.corev1 import CoreV1, snapshot
 from pdmtp.api.rules import Checked, Rule, model_rules
 
 OWNED_ENV = (
@@ -139,6 +140,7 @@ def _resource_map(path: str) -> Checked:
             path, r.QUALIFIED_NAME, "resource names such as cpu, memory or example.com/foo"
         ),
         r.quantities_rule(path),
+        r.extended_resources_rule(path),
     )
 
 
@@ -209,11 +211,26 @@ OWNED_ENV_RULE = Rule(
 )
 
 
-class Volume(Model):
-    """A pod volume (the core/v1 Volume fields; only `name` is checked here, the rest by the
-    API server when the Deployment is written)."""
+VOLUME_SOURCES = tuple(
+    name for name in snapshot()["definitions"]["Volume"]["properties"] if name != "name"
+)
+"""The core/v1 volume sources (emptyDir, secret, persistentVolumeClaim, ...), from the snapshot."""
 
-    model_config = ConfigDict(extra="allow")
+
+class Volume(Model):
+    """A pod volume: the core/v1 Volume (its schema is Kubernetes' own, pdmtp.api.corev1), with
+    a name outside the operator's and exactly one source."""
+
+    RULES = (
+        Rule(
+            "[" + ", ".join(f"has(self.{s})" for s in VOLUME_SOURCES) + "]"
+            ".filter(x, x).size() == 1",
+            "a volume sets exactly one source (emptyDir, secret, configMap, "
+            "persistentVolumeClaim, ...)",
+            lambda vol: sum(k in VOLUME_SOURCES for k in vol.model_extra or {}) == 1,
+        ),
+    )
+    model_config = ConfigDict(extra="allow", json_schema_extra=model_rules(*RULES))
 
     name: Annotated[
         str,
@@ -229,7 +246,10 @@ class Volume(Model):
 
 
 class VolumeMount(Model):
-    """Where a volume appears in the engine container."""
+    """Where a volume appears in the engine container: the core/v1 VolumeMount (Kubernetes'
+    schema, pdmtp.api.corev1), at a path outside the operator's mounts."""
+
+    model_config = ConfigDict(extra="allow")
 
     name: str = Field(min_length=1, max_length=63, description="The volume's name.")
     mount_path: Annotated[
@@ -286,21 +306,25 @@ class PodSettings(Model):
         ]
         | None
     ) = Field(default=None, max_length=253, description="The engine pods' ServiceAccount.")
-    affinity: FreeForm | None = Field(
+    affinity: Annotated[FreeForm, CoreV1("PodSpec.affinity")] | None = Field(
         default=None,
         description="core/v1 Affinity; spec.placement adds its pod-affinity term to it.",
     )
-    topology_spread_constraints: list[FreeForm] | None = Field(
-        default=None, max_length=16, description="core/v1 TopologySpreadConstraints."
-    )
-    pod_security_context: FreeForm | None = Field(
+    topology_spread_constraints: (
+        Annotated[list[FreeForm], CoreV1("PodSpec.topologySpreadConstraints")] | None
+    ) = Field(default=None, max_length=16, description="core/v1 TopologySpreadConstraints.")
+    pod_security_context: Annotated[FreeForm, CoreV1("PodSpec.securityContext")] | None = Field(
         default=None, description="core/v1 PodSecurityContext (the pod's securityContext)."
     )
-    volumes: list[Volume] | None = Field(
-        default=None, max_length=32, description="Extra pod volumes."
+    volumes: Annotated[list[Volume], CoreV1("PodSpec.volumes", refine=Volume)] | None = Field(
+        default=None, max_length=32, description="Extra pod volumes (core/v1 Volume)."
     )
-    volume_mounts: list[VolumeMount] | None = Field(
-        default=None, max_length=32, description="Where the extra volumes appear in the engine."
+    volume_mounts: (
+        Annotated[list[VolumeMount], CoreV1("Container.volumeMounts", refine=VolumeMount)] | None
+    ) = Field(
+        default=None,
+        max_length=32,
+        description="Where the extra volumes appear in the engine (core/v1 VolumeMount).",
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,

@@ -192,6 +192,29 @@ def quantities_rule(path: str) -> Rule:
     )
 
 
+def _extended(name: str) -> bool:
+    # Kubernetes' IsExtendedResourceName: a domain-prefixed name outside kubernetes.io.
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
+def _whole(value: Any) -> bool:
+    try:
+        return quantity(value) == quantity(value).to_integral_value()
+    except (ValueError, TypeError):
+        return True  # not a quantity: quantities_rule says so
+
+
+def extended_resources_rule(path: str) -> Rule:
+    """Extended resources (nvidia.com/gpu, example.com/foo) are counted in whole units."""
+    return Rule(
+        "self.all(k, !k.contains('/') || k.contains('kubernetes.io/') || "
+        "k.startsWith('requests.') || type(self[k]) == int || "
+        "!isQuantity(self[k]) || quantity(self[k]).isInteger())",
+        f"{path} values of extended resources such as nvidia.com/gpu must be whole numbers",
+        lambda value: all(not _extended(k) or _whole(q) for k, q in value.items()),
+    )
+
+
 def keys_rule(path: str, pattern: str, what: str) -> Rule:
     check = matches(pattern)
     return Rule(

@@ -19,6 +19,7 @@ from pdmtp.api import reasons
 from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
 from pdmtp.api.base import Model, defaulted
+from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.api.methods import SPECULATIVE_METHODS
 from pdmtp.api.pod import (
@@ -374,7 +375,7 @@ class RoleSpec(Model):
     speculative: RoleSpeculativeSpec | None = Field(
         default=None, description="Override of spec.speculative for this role."
     )
-    env: Annotated[list[EnvVar], Checked(OWNED_ENV_RULE)] = Field(
+    env: Annotated[list[EnvVar], Checked(OWNED_ENV_RULE), ListMap("name")] = Field(
         default_factory=list,
         max_length=64,
         description="Extra environment for the engine container.",
@@ -543,12 +544,52 @@ HUB_TOKEN_RULE = Rule(
 )
 
 
+def _effective_names(role: str, field: str) -> str:
+    """CEL: the names in a role's effective pod list `field` (spec.<role>.pod's wins over
+    spec.pod's). Mapped to names in each branch: the two lists' item types differ for CEL."""
+    return (
+        f"(has(self.{role}.pod) && has(self.{role}.pod.{field}) ? "
+        f"self.{role}.pod.{field}.map(x, x.name) : "
+        f"(has(self.pod) && has(self.pod.{field}) ? self.pod.{field}.map(x, x.name) : []))"
+    )
+
+
+def _mounts_resolve(spec: Any) -> bool:
+    for role in (spec.prefill, spec.decode):
+        pod = spec.pod if role.pod is None else role.pod.over(spec.pod)
+        if pod is None:
+            continue
+        names = {vol.name for vol in pod.volumes or []} | set(v.RESERVED_VOLUMES)
+        if any(m.name not in names for m in pod.volume_mounts or []):
+            return False
+    return True
+
+
+MOUNTS_RULE = Rule(
+    " && ".join(
+        f"{_effective_names(role, 'volumeMounts')}.all(n, n in "
+        + str(list(v.RESERVED_VOLUMES)).replace('"', "'")
+        + f" || n in {_effective_names(role, 'volumes')})"
+        for role in v.ENGINE_ROLES
+    ),
+    "each volumeMounts[].name must name a volume of the same pod (spec.pod.volumes, or the "
+    "role's own spec.<role>.pod.volumes, which replace them)",
+    _mounts_resolve,
+)
+
+
 class PDDeploymentSpec(Model):
     """Desired state of a prefill/decode deployment."""
 
     # Cross-role rules: CEL refuses them at admission; in Python they are the agreement's
     # findings, reported with their own reason (pdmtp.core.agreement).
-    RULES = (TP_DIVISIBLE_RULE, MAX_MODEL_LEN_RULE, SPECULATIVE_OVERRIDE_RULE, HUB_TOKEN_RULE)
+    RULES = (
+        TP_DIVISIBLE_RULE,
+        MAX_MODEL_LEN_RULE,
+        SPECULATIVE_OVERRIDE_RULE,
+        HUB_TOKEN_RULE,
+        MOUNTS_RULE,
+    )
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     model: ModelSpec = Field(description="The checkpoint both roles serve.")

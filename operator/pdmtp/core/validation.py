@@ -15,6 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pdmtp.api import reasons
+from pdmtp.api.corev1 import SCHEMA_ERROR
+from pdmtp.api.rules import RULE_ERROR
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.agreement import Agreement, check
 
@@ -64,10 +66,15 @@ def field_problems(error: ValidationError) -> list[str]:
     lines = []
     for e in error.errors():
         where = field_path(e["loc"])
-        if e["type"] == "extra_forbidden":
+        if e["type"] == SCHEMA_ERROR:
+            # Kubernetes' schema of a core/v1 field: one line per problem, in its words.
+            lines += [f"{where}{rel}: {what}" for rel, what in (e.get("ctx") or {})["problems"]]
+        elif e["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown field")
         elif e["type"] == "missing":
             lines.append(f"{where}: {e['msg']}")
+        elif e["type"] == RULE_ERROR and isinstance(e.get("input"), dict):
+            lines.append(f"{where}: {e['msg']}")  # an object's rule: the object says nothing
         else:
             lines.append(f"{where}: {e['msg']} (got {e.get('input')!r})")
     return lines
