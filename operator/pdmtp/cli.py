@@ -113,7 +113,10 @@ class FileVerdict:
         if a is None:
             return "; ".join(p.message for p in self.problems)  # each names its source
         look = f"lookahead prefill={a.prefill_lookahead} decode={a.decode_lookahead}"
-        head = f"{self.source}: {'compatible' if a.compatible else 'incompatible'} ({look}, "
+        word = "compatible" if a.compatible else "incompatible"
+        if a.compatible and self.exit_code == EXIT_UNUSABLE:
+            word = "compatible, but the API server refuses its children"  # --server
+        head = f"{self.source}: {word} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
         return "\n".join([head, *(f"  {p.line()}" for p in self.problems)])
 
@@ -141,8 +144,55 @@ def validate_file(path: str) -> list[FileVerdict]:
     return verdicts
 
 
+def server_verdicts(
+    verdicts: list[FileVerdict], paths: list[str], args: argparse.Namespace
+) -> list[FileVerdict]:
+    """`--server`: each compatible document's children dry-run on the cluster (pdmtp.admission);
+    a refusal makes the document unusable, in the API server's words."""
+    # Imported here: the offline checks must not need a cluster client.
+    from pdmtp import admission
+    from pdmtp.kube import ApiError, load_client
+
+    try:
+        api = load_client(args.kubeconfig)
+    except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
+        raise UnusableInput(f"no cluster to talk to: {e}") from e
+    if "-" in paths:
+        raise UnusableInput("--server reads files, not standard input ('-')")
+    docs = {
+        (path if len(d) == 1 else f"{path}#{i + 1}"): doc
+        for path in paths
+        for d in [_documents_or_none(path)]
+        for i, doc in enumerate(d)
+    }
+    out = []
+    for verdict in verdicts:
+        doc = docs.get(verdict.source)
+        if verdict.exit_code != EXIT_COMPATIBLE or doc is None:
+            out.append(verdict)
+            continue
+        namespace = (doc.get("metadata") or {}).get("namespace") or args.namespace
+        try:
+            problems = admission.review(api, doc, namespace)
+        except ApiError as e:
+            raise UnusableInput(f"{verdict.source}: the dry run failed: {e.message}") from e
+        if problems:
+            verdict = replace(verdict, exit_code=EXIT_UNUSABLE, problems=tuple(problems))
+        out.append(verdict)
+    return out
+
+
+def _documents_or_none(path: str) -> list[Any]:
+    try:
+        return load_documents(path)
+    except UnusableInput:
+        return []
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     verdicts = [v for path in args.files for v in validate_file(path)]
+    if args.server:
+        verdicts = server_verdicts(verdicts, args.files, args)
     for v in verdicts:
         print(json.dumps(v.as_json()) if args.output == "json" else v.as_text())
     return max(v.exit_code for v in verdicts)
@@ -436,6 +486,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("files", nargs="+", metavar="FILE", help="YAML files ('-' for stdin)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument(
+        "--server",
+        action="store_true",
+        help="also dry-run the rendered children on the cluster (dryRun=All, changes nothing): "
+        "exit 2 when the API server would refuse one",
+    )
+    p.add_argument("--kubeconfig", help="--server: default $KUBECONFIG, then ~/.kube/config")
+    p.add_argument(
+        "-n", "--namespace", default="default", help="--server: when a document names none"
+    )
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="print the child objects of a PDDeployment")

@@ -318,6 +318,8 @@ def build_registry(
         controller.on_pdd_event(event)
 
     if webhook is not None:
+        from pdmtp import admission  # the webhook's dry runs; only when it is served
+
         # failurePolicy Ignore: an operator that is down must not block every apply; the CRD's
         # CEL rules and the operator's own check remain.
         @kopf.on.validate(
@@ -329,8 +331,15 @@ def build_registry(
             operations=["CREATE", "UPDATE"],
             registry=registry,
         )
-        def admit(body: kopf.Body, **_: Any) -> None:
-            problems = validate(body).problems
+        def admit(body: kopf.Body, namespace: str | None = None, **_: Any) -> None:
+            # The offline verdict, then the rendered children dry-run on the API server: a spec
+            # whose Deployments would be refused is refused here, in the server's words.
+            ns = body.get("metadata", {}).get("namespace") or namespace or "default"
+            try:
+                problems = admission.review(controller.kube.api, body, ns)
+            except Exception as e:  # the dry run itself failed (an API error, a timeout)
+                log.warning("Dry run of the children failed, admitting on the offline check: %s", e)
+                problems = list(validate(body).problems)
             if problems:
                 raise kopf.AdmissionError("; ".join(p.line() for p in problems), code=422)
 
