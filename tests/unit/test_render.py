@@ -196,16 +196,88 @@ def test_prefill_advertises_its_bootstrap_port() -> None:
     p = engine(objs, "prefill")
     assert p["spec"]["template"]["metadata"]["annotations"][v.ANNOTATION_BOOTSTRAP_PORT] == "9100"
     ports = {x["name"]: x["containerPort"] for x in container(p)["ports"]}
-    assert ports == {"http": v.ENGINE_HTTP_PORT, "bootstrap": 9100}
+    assert ports == {"http": v.ENGINE_HTTP_PORT, "bootstrap": 9100, "metrics": 29100}
 
 
-def test_network_policy_allows_all_tcp_between_p_and_d_and_router_to_engines() -> None:
-    np = children(pdd("x"))["NetworkPolicy/x-pd"]["spec"]
-    peers, routers = np["ingress"]
-    assert peers["ports"] == [{"protocol": "TCP"}]
-    assert peers["from"][0]["podSelector"] == np["podSelector"]
-    assert np["podSelector"]["matchExpressions"][0]["values"] == ["prefill", "decode"]
-    assert {p["port"] for p in routers["ports"]} == {v.ENGINE_HTTP_PORT, 8998}
+def test_both_engine_roles_serve_the_metrics_only_port() -> None:
+    objs = children(pdd())
+    for role in ("prefill", "decode"):
+        c = container(engine(objs, role))
+        ports = {x["name"]: x["containerPort"] for x in c["ports"]}
+        assert ports["metrics"] == v.ENGINE_METRICS_PORT != v.ENGINE_HTTP_PORT
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env[v.ENV_METRICS_PORT] == str(v.ENGINE_METRICS_PORT)
+
+
+def _selects(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector as the API server reads it (the operators the policy uses)."""
+    if selector is None:
+        return False
+    if any(labels.get(k) != want for k, want in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In", expr
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def _admits(
+    policy: dict[str, Any],
+    pod: dict[str, str],
+    namespace: str,
+    ns_labels: dict[str, str],
+    port: int,
+) -> bool:
+    """NetworkPolicy ingress semantics, for a policy in namespace "ns": a peer with only a
+    podSelector means pods of the policy's own namespace; a rule without ports, every port."""
+    for rule in policy["spec"]["ingress"]:
+        ports = rule.get("ports", [])
+        if not all(p["protocol"] == "TCP" for p in ports):
+            continue
+        if ports and all(p.get("port") not in (None, port) for p in ports):
+            continue
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:
+                if not _selects(peer["namespaceSelector"], ns_labels):
+                    continue
+            elif namespace != "ns":
+                continue
+            if "podSelector" not in peer or _selects(peer["podSelector"], pod):
+                return True
+    return False
+
+
+HTTP, BOOTSTRAP, TRANSFER, METRICS = v.ENGINE_HTTP_PORT, 8998, 17000, v.ENGINE_METRICS_PORT
+SCRAPER = {v.LABEL_METRICS_SCRAPER: "true"}
+
+
+@pytest.mark.parametrize(
+    ("who", "pod", "namespace", "ns_labels", "open_ports"),
+    [
+        ("its prefill", {v.LABEL_NAME: "x", v.LABEL_ROLE: "prefill"}, "ns", {}, "all"),
+        ("its decode", {v.LABEL_NAME: "x", v.LABEL_ROLE: "decode"}, "ns", {}, "all"),
+        ("its router", {v.LABEL_NAME: "x", v.LABEL_ROLE: "router"}, "ns", {}, {HTTP, BOOTSTRAP}),
+        ("another PDDeployment", {v.LABEL_NAME: "y", v.LABEL_ROLE: "decode"}, "ns", {}, set()),
+        ("its labels elsewhere", {v.LABEL_NAME: "x", v.LABEL_ROLE: "decode"}, "ns2", {}, set()),
+        ("an unlabelled pod", {}, "ns", {}, set()),
+        ("a scraper pod", SCRAPER, "monitoring", {}, {METRICS}),
+        ("a pod of a scraper namespace", {}, "monitoring", SCRAPER, {METRICS}),
+        ("a pod labelled false", {v.LABEL_METRICS_SCRAPER: "false"}, "ns", {}, set()),
+    ],
+)
+def test_network_policy_admits_exactly_its_engines_routers_and_scrapers(
+    who: str, pod: dict[str, str], namespace: str, ns_labels: dict[str, str], open_ports: Any
+) -> None:
+    policy = children(pdd("x"))["NetworkPolicy/x-pd"]
+    engines = policy["spec"]["podSelector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert _selects(engines, {v.LABEL_NAME: "x", v.LABEL_ROLE: "prefill"})
+    assert _selects(engines, {v.LABEL_NAME: "x", v.LABEL_ROLE: "decode"})
+    assert not _selects(engines, {v.LABEL_NAME: "x", v.LABEL_ROLE: "router"})
+    ports = {HTTP, BOOTSTRAP, TRANSFER, METRICS}
+    admitted = {port for port in ports if _admits(policy, pod, namespace, ns_labels, port)}
+    assert admitted == (ports if open_ports == "all" else open_ports), who
 
 
 def test_client_service_selects_routers_of_every_revision() -> None:

@@ -29,6 +29,11 @@ LABEL_ROLE: Final = f"{GROUP}/role"
 LABEL_REVISION: Final = f"{GROUP}/revision"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "pdmtp"
+LABEL_METRICS_SCRAPER: Final = f"{GROUP}/metrics-scraper"
+"""Set to METRICS_SCRAPER_VALUE on a pod (any namespace) or a namespace (all its pods): the
+engines' NetworkPolicy lets it reach their metrics-only port, ENGINE_METRICS_PORT, and nothing
+else. Put it on the operator and on Prometheus."""
+METRICS_SCRAPER_VALUE: Final = "true"
 
 # Annotations.
 ANNOTATION_ROLE_HASH: Final = f"{GROUP}/role-hash"
@@ -56,6 +61,8 @@ ENV_EXPECTED_BACKOFF: Final = "PDMTP_EXPECTED_PREFILL_BACKOFF"
 ENV_ROLE: Final = "PDMTP_ROLE"
 ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
 ENV_MOONCAKE_BOOTSTRAP_PORT: Final = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
+ENV_METRICS_PORT: Final = "PDMTP_METRICS_PORT"
+"""Where the engine container serves its metrics-only listener (ENGINE_METRICS_PORT)."""
 # Hugging Face hub settings the operator derives from spec.model.source.
 ENV_HF_TOKEN: Final = "HF_TOKEN"
 ENV_HF_HOME: Final = "HF_HOME"
@@ -78,6 +85,9 @@ LAUNCHER_REFUSED_EXIT_CODE: Final = 3
 
 # Ports inside the pods.
 ENGINE_HTTP_PORT: Final = 8000
+ENGINE_METRICS_PORT: Final = 29100
+"""The engine's metrics-only listener: GET /metrics (vLLM's, relayed from ENGINE_HTTP_PORT) and
+nothing else, so a NetworkPolicy (L4) can open metrics to scrapers and keep the API closed."""
 ROUTER_HTTP_PORT: Final = 8000
 ROUTER_METRICS_PORT: Final = 29000
 

@@ -161,6 +161,7 @@ def _env(
         {"name": v.ENV_ROLE, "value": role.name},
         {"name": v.ENV_VLLM_HOST_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": v.ENV_MOONCAKE_BOOTSTRAP_PORT, "value": str(shared.kv_transfer.bootstrap_port)},
+        {"name": v.ENV_METRICS_PORT, "value": str(v.ENGINE_METRICS_PORT)},
     ]
     lookahead = agreement.lookahead(role.name)
     if lookahead is not None:
@@ -209,6 +210,7 @@ def engine_pod_template(
     if role == "prefill":
         ports.append({"name": "bootstrap", "containerPort": bootstrap_port, "protocol": "TCP"})
         annotations[v.ANNOTATION_BOOTSTRAP_PORT] = str(bootstrap_port)
+    ports.append({"name": "metrics", "containerPort": v.ENGINE_METRICS_PORT, "protocol": "TCP"})
     model = weights(shared.model)
     pod_fields, extra_mounts = scheduling.pod_fields(local, pdd.metadata.name, revision, role)
     security: Manifest = {"allowPrivilegeEscalation": False}
@@ -394,9 +396,18 @@ def client_service(pdd: PDDeployment) -> Manifest:
 
 
 def network_policy(pdd: PDDeployment, eff: Effective) -> Manifest:
-    """Let P and D pods reach each other on every TCP port (Mooncake picks random ports), and
-    routers reach the engines' HTTP and bootstrap ports."""
+    """Who may open a connection to the PDDeployment's engine pods; nobody else may.
+
+    1. Its own engines, both roles, every revision: every TCP port (the Mooncake transfer
+       engine listens on random ports).
+    2. Its routers: the HTTP and bootstrap ports.
+    3. Metrics scrapers, pods labelled `pdmtp.io/metrics-scraper: "true"` in any namespace or
+       every pod of a namespace labelled so: the metrics-only port, which answers GET /metrics
+       and nothing else (the API port also serves /metrics, but NetworkPolicy cannot tell paths
+       apart).
+    """
     name = pdd.metadata.name
+    scraper = {"matchLabels": {v.LABEL_METRICS_SCRAPER: v.METRICS_SCRAPER_VALUE}}
     engines = {
         "matchLabels": {v.LABEL_NAME: name},
         "matchExpressions": [
@@ -419,6 +430,13 @@ def network_policy(pdd: PDDeployment, eff: Effective) -> Manifest:
                         {"protocol": "TCP", "port": v.ENGINE_HTTP_PORT},
                         {"protocol": "TCP", "port": eff.shared.kv_transfer.bootstrap_port},
                     ],
+                },
+                {
+                    "from": [
+                        {"namespaceSelector": {}, "podSelector": scraper},
+                        {"namespaceSelector": scraper},
+                    ],
+                    "ports": [{"protocol": "TCP", "port": v.ENGINE_METRICS_PORT}],
                 },
             ],
         },
