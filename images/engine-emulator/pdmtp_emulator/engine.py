@@ -136,6 +136,11 @@ class EngineEmulator:
     shutdown_timeout: float = 60.0
     """On shutdown, stop listening and give requests in flight this long (vLLM's
     --shutdown-timeout)."""
+    metrics_port: int | None = None
+    """A metrics-only listener (GET /metrics, nothing else), as the engine image's launcher
+    serves on PDMTP_METRICS_PORT; None: only the API port's /metrics, as vLLM alone."""
+    generation_count: int = 0
+    running: int = 0
 
     _kv: OrderedDict[str, tuple[float, KVRecord]] = field(default_factory=OrderedDict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -224,6 +229,7 @@ class EngineEmulator:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_get("/pdmtp/identity", self._identity)
         app.router.add_get("/pdmtp/decodes", self._decodes)
+        app.router.add_get("/metrics", self._metrics)
         # Anything else the router might probe is recorded and answered 404, so a test sees it.
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self.http_port = await self._listen(app, self.http_port)
@@ -234,6 +240,11 @@ class EngineEmulator:
             worker = web.Application()
             worker.router.add_get("/kv/{transfer_id}", self._pull)
             self.worker_port = await self._listen(worker, self.worker_port)
+        if self.metrics_port is not None:
+            # Any other path or method is aiohttp's 404/405: this port serves metrics only.
+            metrics = web.Application()
+            metrics.router.add_get("/metrics", self._metrics)
+            self.metrics_port = await self._listen(metrics, self.metrics_port)
 
     async def _listen(self, app: web.Application, port: int) -> int:
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.shutdown_timeout)
@@ -359,7 +370,30 @@ class EngineEmulator:
             worker_addr=worker,
         )
 
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """A few of vLLM's Prometheus series, in its text format."""
+        labels = f'{{model_name="{MODEL}",engine="0"}}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{labels} {self.running}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{labels} 0",
+            "# TYPE pdmtp_emulator_generation_requests_total counter",
+            f"pdmtp_emulator_generation_requests_total{labels} {self.generation_count}",
+        ]
+        return web.Response(
+            text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
+        )
+
     async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self.generation_count += 1
+        self.running += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self.running -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         rec = await self._record(request)
         failure = self.failure
         if failure is not None:

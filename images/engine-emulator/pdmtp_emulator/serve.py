@@ -6,7 +6,8 @@ same, so the emulator image drops in where the engine image goes. What it takes 
 `--host`/`--port` (where to listen), `--speculative-config` (its MTP k, reported as provenance),
 `--kv-transfer-config` (its kv_role must agree with PDMTP_ROLE), `--shutdown-timeout` (on SIGTERM
 it stops listening and finishes the requests it holds for up to that long, as vLLM does).
-Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored.
+Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored. With
+PDMTP_METRICS_PORT set it also serves the metrics-only listener the engine launcher serves there.
 
 Its revision is read from the pod name, which the Deployment controller derives from the
 operator's workload name `<pdd>-<revision>-<role>` plus the ReplicaSet hash and a random suffix.
@@ -76,6 +77,7 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
         pull_kv=True,
         record_requests=False,
         shutdown_timeout=args.shutdown_timeout,
+        metrics_port=int(env["PDMTP_METRICS_PORT"]) if env.get("PDMTP_METRICS_PORT") else None,
     )
 
 
@@ -92,6 +94,7 @@ async def run(engine: EngineEmulator) -> None:
                 "role": engine.role,
                 "http_port": engine.http_port,
                 "bootstrap_port": engine.bootstrap_port if engine.role == "prefill" else None,
+                "metrics_port": engine.metrics_port,
                 "engine_ids": engine.engine_ids,
                 "identity": engine.identity.__dict__,
             }

@@ -15,11 +15,16 @@ It also checks the KV connector is `BackoffMooncakeConnector` from `pdmtp_engine
 the kv_role of the pod's role. Only then does it exec `vllm serve` with the same arguments. On
 any mismatch it writes one line to the termination-message file (PDMTP_TERMINATION_LOG,
 default /dev/termination-log), which Kubernetes shows in the pod status, and exits 3.
+
+With PDMTP_METRICS_PORT set, it first starts the metrics-only listener on that port
+(pdmtp_engine.metrics_relay, a process of its own that outlives the exec), which relays
+GET /metrics from vLLM's `--port` and serves nothing else.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +39,8 @@ ENV_ROLE: Final = "PDMTP_ROLE"
 ENV_EXPECTED_LOOKAHEAD: Final = "PDMTP_EXPECTED_LOOKAHEAD"
 ENV_EXPECTED_BACKOFF: Final = "PDMTP_EXPECTED_PREFILL_BACKOFF"
 ENV_TERMINATION_LOG: Final = "PDMTP_TERMINATION_LOG"
+ENV_METRICS_PORT: Final = "PDMTP_METRICS_PORT"
+VLLM_DEFAULT_PORT: Final = 8000
 DEFAULT_TERMINATION_LOG: Final = "/dev/termination-log"
 
 CONNECTOR_CLASS: Final = "BackoffMooncakeConnector"
@@ -47,6 +54,8 @@ TERMINATION_MESSAGE_LIMIT: Final = 4096
 
 ExecProgram = Callable[[str, list[str]], object]
 """os.execvp's shape; tests pass a recorder."""
+StartProgram = Callable[[list[str]], object]
+"""subprocess.Popen's shape (started, not waited for); tests pass a recorder."""
 
 
 class Refusal(Exception):
@@ -252,11 +261,40 @@ def verify(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], 
     return command, facts
 
 
+def api_port(command: Sequence[str]) -> int:
+    """The port `vllm serve` listens on: the last --port (argparse's rule), else vLLM's default."""
+    port = VLLM_DEFAULT_PORT
+    for i, arg in enumerate(command):
+        if arg == "--port" and i + 1 < len(command):
+            port = int(command[i + 1])
+        elif arg.startswith("--port="):
+            port = int(arg.removeprefix("--port="))
+    return port
+
+
+def metrics_relay_command(command: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
+    """The metrics-only listener to start beside vLLM, or None when the pod asks for none."""
+    port = environ.get(ENV_METRICS_PORT, "").strip()
+    if not port:
+        return None
+    upstream = f"http://127.0.0.1:{api_port(command)}/metrics"
+    return [
+        sys.executable,
+        "-m",
+        "pdmtp_engine.metrics_relay",
+        "--port",
+        port,
+        "--upstream",
+        upstream,
+    ]
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
     environ: Mapping[str, str] | None = None,
     exec_program: ExecProgram = os.execvp,
+    start_program: StartProgram = subprocess.Popen,
 ) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     env = os.environ if environ is None else environ
@@ -273,6 +311,9 @@ def main(
         file=sys.stderr,
         flush=True,
     )
+    relay = metrics_relay_command(command, env)
+    if relay is not None:
+        start_program(relay)
     exec_program(command[0], command)
     # os.execvp never returns; a test recorder does.
     return 0
