@@ -6,15 +6,18 @@
 #      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh). All
 #      cached: a warm run only hashes inputs.
 #   2. a one-node kind cluster (hack/kind/cluster.yaml), its API server published on 127.0.0.1;
-#      CoreDNS without an upstream (hack/kind/coredns.yaml); fake `nvidia.com/gpu` capacity on
-#      the node, so engine pods schedule on it and really run.
+#      CoreDNS without an upstream (hack/kind/coredns.yaml); NetworkPolicy enforced by
+#      kube-network-policies (hack/kind/network-policies.yaml, image from
+#      hack/kind/build-network-policies.sh; the docker runtime's kindnet enforces on its own); fake
+#      `nvidia.com/gpu` capacity on the node, so engine pods schedule on it and really run.
 #   3. the images loaded into the node (the engine image in the background); pdmtp installed
 #      with `kubectl apply -k deploy/` through an overlay that only points it at the local image.
 #   4. the cluster tier (tests/cluster) against the same API server: the real node tainted, KWOK
 #      (host process, hack/kwok/ stages) driving fake GPU nodes; then back to the real node.
-#   5. tests/e2e (PDMTP_CLUSTER=kind): the install, then one PDDeployment through Available, a
-#      paired MTP rollout under a bounded request loop, the real engine refusing a mismatched
-#      lookahead, and deletion.
+#   5. tests/e2e (PDMTP_CLUSTER=kind): the install; the NetworkPolicy enforced (who reaches which
+#      engine port, a paired rollout under it, a control run without it); one PDDeployment
+#      through Available, a paired MTP rollout under a bounded request loop, the real engine
+#      refusing a mismatched lookahead, and deletion.
 #
 #   hack/kind-e2e.sh [--keep] [--no-cluster-tier] [-- PYTEST_ARGS...]   (PYTEST_ARGS: tests/e2e)
 #     --keep             leave the cluster up afterwards (deleted otherwise)
@@ -145,13 +148,15 @@ if [[ $RUNTIME == podman ]]; then
   local_build "$CHECKPOINT_IMAGE" tests/e2e/engine-checkpoint \
     tests/e2e/engine-checkpoint/Containerfile "ENGINE_IMAGE=$ENGINE_IMAGE"
 
-  step "Node image (hack/kind/build-node-image.sh)"
+  step "Node image (hack/kind/build-node-image.sh), kube-network-policies (hack/kind/build-network-policies.sh)"
   NODE_IMAGE=$(hack/kind/build-node-image.sh)
+  NETPOL_IMAGE=$(hack/kind/build-network-policies.sh)
   # kind mounts the host's /lib/modules into the node; these sandboxes have none (no modules
   # can be loaded here anyway). An empty directory satisfies the mount.
   [[ -d /lib/modules ]] || mkdir -p /lib/modules
   KIND_CONFIG=hack/kind/cluster.yaml
 elif [[ $RUNTIME == docker ]]; then
+  NETPOL_IMAGE= # kindnet, the published node image's CNI, enforces NetworkPolicy itself
   command -v docker >/dev/null || die "KIND_E2E_RUNTIME=docker but docker is not on PATH"
   TAG=e2e-$(git rev-parse --short HEAD)
   OPERATOR_IMAGE=pdmtp-operator:$TAG
@@ -199,6 +204,13 @@ load_image() {
 }
 step "Load images into the node: $OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
 for image in "$OPERATOR_IMAGE" "$ROUTER_IMAGE" "$EMULATOR_IMAGE"; do load_image "$image"; done
+if [[ -n $NETPOL_IMAGE ]]; then
+  step "NetworkPolicy enforcement: kube-network-policies ($NETPOL_IMAGE)"
+  load_image "$NETPOL_IMAGE"
+  sed "s|image: KUBE_NETWORK_POLICIES_IMAGE|image: $NETPOL_IMAGE|" hack/kind/network-policies.yaml |
+    "$KUBECTL" apply -f -
+  "$KUBECTL" -n kube-system rollout status daemonset/kube-network-policies --timeout=120s
+fi
 # The engine image is ~10 GB: it loads in the background while the cluster tier runs (which
 # never starts it); tests/e2e waits for it.
 step "Load $CHECKPOINT_IMAGE into the node (background)"
