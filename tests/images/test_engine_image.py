@@ -220,6 +220,9 @@ def test_matching_config_gets_to_exec_vllm_serve(
     assert "pdmtp_engine/launcher.py" not in after, after[-4000:]
     assert run.returncode not in (0, REFUSED), run.output[-4000:]
     assert run.termination_message == ""
+    # Beside vLLM, the metrics-only listener the pod's env asks for (its NetworkPolicy port).
+    port = env["PDMTP_METRICS_PORT"]
+    assert f"metrics-only listener on 0.0.0.0:{port} -> http://127.0.0.1:8000/metrics" in after
 
 
 def test_mismatch_exits_3_with_the_reason_in_the_termination_message(
