@@ -30,7 +30,7 @@ if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev
 else
   nohup "$VENV/bin/pdmtp" run --namespace default --kubeconfig "$KUBECONFIG" \
     --resync-seconds 5 --metrics-address 127.0.0.1 --metrics-port 19090 \
-    --liveness http://127.0.0.1:18081/healthz >"$STATE/operator.log" 2>&1 &
+    --health-listen 127.0.0.1:18081 >"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"
   echo "pid $(cat "$STATE/operator.pid"); metrics on http://127.0.0.1:19090/metrics"
 fi

@@ -1,10 +1,14 @@
-"""The operator's view of every child it manages, fed by watches: reconciles read it, not the API.
+"""The operator's view of the PDDeployments and every child it manages, fed by watches:
+reconciles read it, not the API.
 
 One reflector per watched kind of `pdmtp.api.kinds` (and per namespace when the operator is
 namespaced) lists the objects labelled `app.kubernetes.io/managed-by=pdmtp`, replaces its slice of
 the store with the result, and watches from the list's resourceVersion. Any reconnect, for
 whatever reason, lists again and replaces the slice, so an object deleted while no watch was open
 never lingers. Every change reports the owning PDDeployment's key so its reconcile is queued.
+The PDDeployments themselves come the same way (every one, into a `Table`): a reflector retries
+until the API server serves them, so a CRD created after the operator, or an API server that
+comes back without its custom resources for a while, delays the operator instead of ending it.
 
 The store also takes the API server's answers to the operator's own writes (`put`, `drop`), so
 a reconcile that follows a write sees it even before the watch delivers it; an event older than
@@ -19,7 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
@@ -35,6 +39,9 @@ Key = tuple[str, str]  # (namespace, name)
 SELECTOR = f"{v.LABEL_MANAGED_BY}={v.MANAGED_BY}"
 WATCH_SECONDS = (240, 360)
 """Server-side watch timeout, randomised so reflectors do not re-list in step."""
+MAX_BACKOFF_SECONDS = 8.0
+"""The longest pause between failed listings: an API server or a CRD that comes back is seen
+within this (and the jitter) of its return."""
 
 
 def _owner(obj: Mapping[str, Any]) -> Key | None:
@@ -57,6 +64,58 @@ def _slim(obj: Obj, kind: str) -> Obj:
     # managedFields are the bulk of an object and nothing here reads them.
     (obj.get("metadata") or {}).pop("managedFields", None)
     return obj
+
+
+class Table:
+    """Objects of one kind by (namespace, name), each its own owner: the PDDeployments.
+    Thread-safe, with the same `put`/`drop`/`replace` as `ChildStore` so a reflector feeds
+    either."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[Key, Obj] = {}
+
+    def put(self, kind: str, obj: Obj) -> Key | None:
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        with self._lock:
+            current = self._objects.get(key)
+            if current is not None and not _newer_or_equal(obj, current):
+                return None
+            self._objects[key] = _slim(obj, kind)
+        return key
+
+    def drop(self, kind: str, namespace: str, name: str) -> Key | None:
+        with self._lock:
+            self._objects.pop((namespace, name), None)
+        return (namespace, name)
+
+    def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
+        fresh = {}
+        for obj in objs:
+            meta = obj.get("metadata") or {}
+            fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
+        with self._lock:
+            gone = {k for k in self._objects if namespace is None or k[0] == namespace} - set(fresh)
+            for key in gone:
+                del self._objects[key]
+            changed = gone | {k for k, o in fresh.items() if self._objects.get(k) != o}
+            self._objects.update(fresh)
+        return changed
+
+    def get(self, key: Key) -> Obj | None:
+        with self._lock:
+            return self._objects.get(key)
+
+    def snapshot(self) -> list[Key]:
+        with self._lock:
+            return list(self._objects)
+
+
+class Sink(Protocol):
+    def put(self, kind: str, obj: Obj) -> Key | None: ...
+    def drop(self, kind: str, namespace: str, name: str) -> Key | None: ...
+    def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]: ...
 
 
 class ChildStore:
@@ -138,9 +197,11 @@ class Reflector:
         api: client.ApiClient,
         kind: Kind,
         namespace: str | None,
-        store: ChildStore,
+        store: Sink,
         notify: Callable[[Key], None],
         on_request: Callable[[str, str], None] | None = None,
+        selector: str | None = SELECTOR,
+        max_backoff: float = MAX_BACKOFF_SECONDS,
     ) -> None:
         self.api = api
         self.kind = kind
@@ -148,8 +209,16 @@ class Reflector:
         self.store = store
         self.notify = notify
         self.on_request = on_request or (lambda kind, verb: None)
+        self.selector = selector
+        self.max_backoff = max_backoff
         self.synced = threading.Event()
+        """Set by the first successful listing, never cleared: the store holds a full view."""
         self.stopped = threading.Event()
+        self.watching = False
+        """True from a successful listing until its watch ends or fails."""
+        self.changed_at = time.monotonic()
+        """When `watching` last flipped (or the reflector was made)."""
+        self.last_error = ""
         self.thread = threading.Thread(
             target=self._run, name=f"reflector-{kind.kind}-{namespace or 'all'}", daemon=True
         )
@@ -160,24 +229,43 @@ class Reflector:
     def stop(self) -> None:
         self.stopped.set()
 
+    def watching_value(self) -> float:
+        """`watching` as a gauge reads it."""
+        return 1.0 if self.watching else 0.0
+
+    def _set_watching(self, watching: bool, error: str = "") -> None:
+        if watching and self.last_error:
+            log.info("Watching %s again (%s)", self.kind.plural, self.namespace or "all namespaces")
+        if watching != self.watching:
+            self.watching, self.changed_at = watching, time.monotonic()
+        self.last_error = error
+
     def _run(self) -> None:
         failures = 0
         while not self.stopped.is_set():
             try:
                 self._list_and_watch()
                 failures = 0
+                self._set_watching(False)
             except Exception as e:  # any failure: list again after a short pause
                 failures += 1
-                delay = min(30.0, 0.5 * 2**failures) * (1 + random.random() / 4)
+                delay = min(self.max_backoff, 0.5 * 2**failures) * (1 + random.random() / 4)
+                if isinstance(e, ApiError) and e.status == 404:
+                    error = f"the API server does not serve {self.kind.plural}.{self.kind.group}"
+                    if self.kind.group:
+                        error += " (is its CRD installed?)"
+                else:
+                    error = str(e)
+                self._set_watching(False, error)
                 log.warning(
-                    "Watch of %s failed (%s); re-listing in %.1fs", self.kind.kind, e, delay
+                    "Watch of %s failed: %s; re-listing in %.1fs", self.kind.kind, error, delay
                 )
                 self.stopped.wait(delay)
 
     def _list_and_watch(self) -> None:
         # One generic LIST and WATCH by path for every kind: the table says where it lives.
         resource_path = self.kind.path(self.namespace)
-        selector = [("labelSelector", SELECTOR)]
+        selector = [("labelSelector", self.selector)] if self.selector else []
         self.on_request(self.kind.kind, "LIST")
         listed = json.loads(send(self.api, "GET", resource_path, query=selector).read())
         for changed in self.store.replace(
@@ -185,6 +273,7 @@ class Reflector:
         ):
             self.notify(changed)
         self.synced.set()
+        self._set_watching(True)
         timeout = random.randint(*WATCH_SECONDS)
         watch = [
             ("watch", "true"),

@@ -398,6 +398,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
 
     from pdmtp.controller import Options, run
+    from pdmtp.health import GRACE_SECONDS
     from pdmtp.kube import Kube, load_client
     from pdmtp.metrics import Metrics
     from pdmtp.webhook import WebhookOptions
@@ -411,7 +412,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
     options = Options(
-        namespaces=namespaces, resync_seconds=args.resync_seconds, workers=args.workers
+        namespaces=namespaces,
+        resync_seconds=args.resync_seconds,
+        workers=args.workers,
+        grace_seconds=args.unwatched_grace_seconds or GRACE_SECONDS,
     )
     try:
         api = load_client(args.kubeconfig)
@@ -424,7 +428,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         webhook = WebhookOptions(
             addr=addr, port=int(port), host=args.webhook_host or addr, manage=args.webhook_manage
         )
-    run(kube, options, metrics, liveness=args.liveness or None, webhook=webhook)
+    health = None
+    if args.health_listen:
+        addr, _, port = args.health_listen.rpartition(":")
+        health = (addr, int(port))
+    run(kube, options, metrics, health=health, webhook=webhook)
     return 0
 
 
@@ -551,9 +559,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=9090, help="0 turns metrics off")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument(
-        "--liveness",
-        default="http://0.0.0.0:8081/healthz",
-        help="kopf liveness endpoint URL (empty: none)",
+        "--health-listen",
+        metavar="ADDR:PORT",
+        default="0.0.0.0:8081",
+        help="serve /healthz (liveness) and /readyz (readiness) here (empty: none)",
+    )
+    p.add_argument(
+        "--unwatched-grace-seconds",
+        type=float,
+        help="report not live once PDDeployments have gone unwatched this long (default 120)",
     )
     p.add_argument(
         "--webhook-listen",

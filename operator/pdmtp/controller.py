@@ -1,13 +1,16 @@
-"""The kopf shell: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
+"""The shell: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
 
-kopf watches PDDeployments; reflectors (`pdmtp.cache`) watch every child kind pdmtp manages into
-an in-memory store. Every event only puts the owning PDDeployment's key on a work queue. Workers
+Reflectors (`pdmtp.cache`) watch the PDDeployments and every child kind pdmtp manages into
+in-memory stores. Every event only puts the owning PDDeployment's key on a work queue. Workers
 take one key at a time (a key is never worked on twice at once), read its children from the
-store (no API request), call `pdmtp.core.reconcile.decide`, apply the actions (keeping going past
-a refusal), write the status once if it changed, with the refused writes in it, and post the
-events of what was accepted after that write. A periodic resync re-queues every key. Only raw
-watch events are used (`kopf.on.event`): kopf keeps no bookkeeping on the objects, adds no
-finalizer, and a restart rebuilds everything from the initial listings.
+store (no API request), call `pdmtp.core.reconcile.decide`, apply the actions (stopping at the
+first refusal), write the status once if it changed, with the refused writes in it, and post the
+events of what was accepted after that write. A periodic resync re-queues every key. kopf runs
+the process (login, start-up and clean-up, the admission webhook) but watches nothing for it:
+its resources are resolved from API discovery once and on CRD events, which can miss a CRD
+created just after it starts, whereas a reflector keeps listing until the API server serves the
+PDDeployments. Nothing is kept on the objects (no finalizer, no bookkeeping annotations), and a
+restart rebuilds everything from the initial listings.
 """
 
 from __future__ import annotations
@@ -16,23 +19,28 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kopf._cogs.structs.references import Insights
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.kinds import DEPLOYMENT, POD, WATCHED
-from pdmtp.cache import ChildStore, Reflector, wait_synced
+from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, WATCHED
+from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.core.validation import validate
+from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
+from pdmtp.health import serve as serve_health
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
 from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
 
 log = logging.getLogger("pdmtp")
+
+KOPF_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30, 30, 30, 30)
 
 Key = tuple[str, str]  # (namespace, name)
 
@@ -45,6 +53,22 @@ class Options:
     workers: int = 4
     max_backoff_seconds: float = 30.0
     sync_timeout_seconds: float = 120.0
+    grace_seconds: float = GRACE_SECONDS
+    """How long the PDDeployments may go unwatched before the operator reports itself not live."""
+
+
+STALE_REQUEUE_SECONDS = 0.0
+
+
+@dataclass(frozen=True)
+class Applied:
+    """How a step's actions went: the refusal that stopped it, if any, and the keys of the
+    actions not applied (the refused or stale one and every one after it)."""
+
+    refused: tuple[Rejection, ...] = ()
+    unapplied: tuple[str, ...] = ()
+    stale: bool = False
+    """Stopped by a conditional write whose object had changed since it was observed."""
 
 
 class WritesRefused(Exception):
@@ -92,32 +116,31 @@ class Controller:
     options: Options
     metrics: Metrics
     queue: WorkQueue = field(default_factory=WorkQueue)
-    cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    """PDDeployments, from kopf's watch."""
+    pdds: Table = field(default_factory=Table)
+    """PDDeployments, from their reflectors' watches."""
     store: ChildStore = field(default_factory=ChildStore)
     """Children, from the reflectors' watches."""
     failures: dict[Key, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     reflectors: list[Reflector] = field(default_factory=list)
+    pdd_reflectors: list[Reflector] = field(default_factory=list)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     events: asyncio.Queue[tuple[Mapping[str, Any], Event]] = field(default_factory=asyncio.Queue)
+    started_at: float = field(default_factory=time.monotonic)
+    webhook_resolved: Callable[[], bool] | None = None
+    """Set when the webhook is on: whether kopf has resolved the resource it admits."""
 
     # ---- watch side -----------------------------------------------------------------------
 
-    def on_pdd_event(self, event: Mapping[str, Any]) -> None:
-        body = event.get("object") or {}
-        meta = body.get("metadata") or {}
-        key = (meta.get("namespace", ""), meta.get("name", ""))
-        if event.get("type") == "DELETED":
-            self.cache.pop(key, None)
+    def on_pdd_change(self, key: Key) -> None:
+        if self.pdds.get(key) is None:  # deleted, or gone from a fresh listing
             self.failures.pop(key, None)
             self.metrics.forget(*key)
             return
-        self.cache[key] = dict(body)
         self.queue.add(key)
 
     def on_child_change(self, key: Key) -> None:
-        if key in self.cache:
+        if self.pdds.get(key) is not None:
             self.queue.add(key)
 
     # ---- work side ------------------------------------------------------------------------
@@ -125,22 +148,33 @@ class Controller:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
 
-        def notify(key: Key) -> None:  # called from reflector threads
+        def on_child(key: Key) -> None:  # called from reflector threads
             loop.call_soon_threadsafe(self.on_child_change, key)
 
+        def on_pdd(key: Key) -> None:
+            loop.call_soon_threadsafe(self.on_pdd_change, key)
+
+        def count(kind: str, verb: str) -> None:
+            self.metrics.watch_requests.labels(kind, verb).inc()
+
         scopes: list[str | None] = list(self.options.namespaces) or [None]
+        for namespace in scopes:
+            # Every PDDeployment, not only labelled ones; retried until the API serves them.
+            reflector = Reflector(
+                self.kube.api, PDDEPLOYMENT, namespace, self.pdds, on_pdd, count, selector=None
+            )
+            scope = namespace or ""
+            self.metrics.watched.labels(PDDEPLOYMENT.plural, scope).set_function(
+                reflector.watching_value
+            )
+            self.pdd_reflectors.append(reflector)
         for kind in WATCHED:
             for namespace in scopes:
-                reflector = Reflector(
-                    self.kube.api,
-                    kind,
-                    namespace,
-                    self.store,
-                    notify,
-                    on_request=lambda k, verb: self.metrics.watch_requests.labels(k, verb).inc(),
+                self.reflectors.append(
+                    Reflector(self.kube.api, kind, namespace, self.store, on_child, count)
                 )
-                reflector.start()
-                self.reflectors.append(reflector)
+        for reflector in (*self.pdd_reflectors, *self.reflectors):
+            reflector.start()
         self.tasks.append(asyncio.create_task(self._await_sync(), name="pdmtp-sync"))
         for i in range(self.options.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
@@ -155,8 +189,30 @@ class Controller:
         log.info("Child caches synced: %d objects", self.store.size())
         self.synced.set()
 
+    def health(self) -> Health:
+        now = time.monotonic()
+        watches = [
+            Watch(
+                r.kind.plural,
+                r.namespace or "all namespaces",
+                r.watching,
+                round(now - r.changed_at, 1),
+                r.last_error,
+            )
+            for r in self.pdd_reflectors
+        ]
+        workers = [t for t in self.tasks if t.get_name().startswith("pdmtp-worker")]
+        return assess(
+            watches,
+            children_synced=self.synced.is_set(),
+            workers_alive=not any(t.done() for t in workers),  # none yet: starting
+            webhook_resolved=None if self.webhook_resolved is None else self.webhook_resolved(),
+            uptime=now - self.started_at,
+            grace=self.options.grace_seconds,
+        )
+
     async def stop(self) -> None:
-        for reflector in self.reflectors:
+        for reflector in (*self.pdd_reflectors, *self.reflectors):
             reflector.stop()
         for task in self.tasks:
             task.cancel()
@@ -166,7 +222,7 @@ class Controller:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
             self.metrics.cached_objects.set(self.store.size())
-            for key in list(self.cache):
+            for key in self.pdds.snapshot():
                 self.queue.add(key)
 
     async def _worker(self) -> None:
@@ -174,7 +230,7 @@ class Controller:
         while True:
             key = await self.queue.get()
             try:
-                body = self.cache.get(key)
+                body = self.pdds.get(key)
                 if body is not None and not (body.get("metadata") or {}).get("deletionTimestamp"):
                     requeue = await self.reconcile(key, body)
                     self.failures.pop(key, None)
@@ -201,57 +257,77 @@ class Controller:
         return Observed(body, children.get(DEPLOYMENT.kind, []), children.get(POD.kind, []), others)
 
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
-        """Steps: 1 read the cached children, 2 decide (pure), 3 apply every action (keep going
-        past a refusal), 4 report: write status once if it changed, 5 post the events of what
+        """Steps: 1 read the cached children, 2 decide (pure), 3 apply the actions (stop at
+        the first refusal), 4 report: write status once if it changed, 5 post the events of what
         was accepted. Returns when to look again; raises when a write was refused (backoff)."""
         namespace, name = key
         started = time.monotonic()
         decision = decide(self.observed(body, namespace, name), time.time())
-        refused = await asyncio.to_thread(self._apply, namespace, decision.actions)
-        report = decision.report(refused)
+        applied = await asyncio.to_thread(self._apply, namespace, decision.actions)
+        refused = applied.refused
+        report = decision.report(refused, applied.unapplied)
         if report.status_changed:
             old = body.get("status") or {}
-            await asyncio.to_thread(self.kube.patch_status, namespace, name, report.status, old)
-            cached = self.cache.get(key)
-            if cached is not None:
-                cached["status"] = report.status  # until the watch brings the server's copy
+            written = await asyncio.to_thread(
+                self.kube.patch_status, namespace, name, report.status, old
+            )
+            if written is not None:  # the server's copy, before the watch brings it
+                self.pdds.put(PDDEPLOYMENT.kind, written)
         for event in report.events:
             # Posted by one task in order, after the status write: events are best effort and
             # need not hold this key's worker.
             self.events.put_nowait((body, event))
-        self.metrics.observe(namespace, name, decision, report, refused, time.monotonic() - started)
+        self.metrics.observe(
+            namespace, name, decision, report, applied.unapplied, time.monotonic() - started
+        )
         if refused:
+            self.metrics.refused.labels(namespace, name).inc(len(refused))
             raise WritesRefused("; ".join(f"{r.key}: {r.message}" for r in refused))
+        if applied.stale:  # the watch is about to bring what changed: look again soon
+            return STALE_REQUEUE_SECONDS
         return decision.requeue_after
 
-    def _apply(self, namespace: str, actions: tuple[Action, ...]) -> list[Rejection]:
-        refused = []
-        for action in actions:
+    def _apply(self, namespace: str, actions: tuple[Action, ...]) -> Applied:
+        """Apply in order and stop at the first refusal: the actions after it were planned on
+        a world where it succeeded, and the next reconcile re-plans from what is there."""
+        for i, action in enumerate(actions):
             try:
-                if isinstance(action, Apply):
-                    self.store.put(action.kind, self.kube.apply(action.manifest))
-                    verb = "Updated" if action.exists else "Created"
-                    log.info("%s %s", verb, action.key, extra={"namespace": namespace})
-                elif isinstance(action, Scale):
-                    scaled = self.kube.scale(namespace, action.name, action.replicas)
-                    if scaled is not None:
-                        self.store.put(DEPLOYMENT.kind, scaled)
-                    log.info("Scaled %s to %d", action.key, action.replicas)
-                elif isinstance(action, Delete):
-                    self.kube.delete(action.kind, namespace, action.name)
-                    self.store.drop(action.kind, namespace, action.name)
-                    log.info("Deleted %s", action.key)
-                elif isinstance(action, Annotate):
-                    body = {"metadata": {"annotations": dict(action.annotations)}}
-                    patched = self.kube.patch(
-                        POD.kind, namespace, action.name, body, "application/merge-patch+json"
-                    )
-                    self.store.put(POD.kind, patched)
-                    log.info("Marked %s: %s", action.key, body["metadata"]["annotations"])
+                self._apply_one(namespace, action)
             except ApiError as e:
+                rest = tuple(a.key for a in actions[i + 1 :])
+                if e.status == 409 and getattr(action, "resource_version", None) is not None:
+                    log.info("%s changed since it was observed; re-planning", action.key)
+                    self.metrics.stale_writes.inc()
+                    return Applied((), (action.key, *rest), stale=True)
                 log.warning("The API server refused %s: %s", action.key, e.message)
-                refused.append(Rejection(action.key, e.status, e.message))
-        return refused
+                rejection = Rejection(action.key, e.status, e.message)
+                return Applied((rejection,), (action.key, *rest))
+        return Applied()
+
+    def _apply_one(self, namespace: str, action: Action) -> None:
+        if isinstance(action, Apply):
+            applied = self.kube.apply(action.manifest, action.resource_version)
+            self.store.put(action.kind, applied)
+            verb = "Updated" if action.exists else "Created"
+            log.info("%s %s", verb, action.key, extra={"namespace": namespace})
+        elif isinstance(action, Scale):
+            scaled = self.kube.scale(
+                namespace, action.name, action.replicas, action.resource_version
+            )
+            if scaled is not None:
+                self.store.put(DEPLOYMENT.kind, scaled)
+            log.info("Scaled %s to %d", action.key, action.replicas)
+        elif isinstance(action, Delete):
+            self.kube.delete(action.kind, namespace, action.name)
+            self.store.drop(action.kind, namespace, action.name)
+            log.info("Deleted %s", action.key)
+        elif isinstance(action, Annotate):
+            body = {"metadata": {"annotations": dict(action.annotations)}}
+            patched = self.kube.patch(
+                POD.kind, namespace, action.name, body, "application/merge-patch+json"
+            )
+            self.store.put(POD.kind, patched)
+            log.info("Marked %s: %s", action.key, body["metadata"]["annotations"])
 
     async def _poster(self) -> None:
         while True:
@@ -303,6 +379,9 @@ def build_registry(
         settings.peering.standalone = True
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # kopf's own requests (discovery, its CRD and namespace watches) retry for ~4 minutes
+        # before giving up, and with them the process: an API server restart is shorter.
+        settings.networking.error_backoffs = KOPF_BACKOFFS
         if webhook is not None:
             settings.admission.server = server(webhook)
             if webhook.manage:
@@ -312,10 +391,6 @@ def build_registry(
     @kopf.on.cleanup(registry=registry)
     async def stop(**_: Any) -> None:
         await controller.stop()
-
-    @kopf.on.event(v.GROUP, v.VERSION, v.PLURAL, registry=registry)
-    def pdd_event(event: kopf.RawEvent, **_: Any) -> None:
-        controller.on_pdd_event(event)
 
     if webhook is not None:
         from pdmtp import admission  # the webhook's dry runs; only when it is served
@@ -346,23 +421,51 @@ def build_registry(
     return registry
 
 
+def webhook_resolution(insights: Insights) -> Callable[[], bool]:
+    """Whether kopf's discovery has found the PDDeployments its webhook admits (without them
+    it answers every review with an error, which failurePolicy Ignore lets through)."""
+
+    def resolved() -> bool:
+        return any(r.group == v.GROUP and r.plural == v.PLURAL for r in insights.webhook_resources)
+
+    return resolved
+
+
+async def _serve(
+    controller: Controller,
+    registry: kopf.OperatorRegistry,
+    health: tuple[str, int] | None,
+    webhook: WebhookOptions | None,
+) -> None:
+    options = controller.options
+    # kopf takes an Insights of ours so its discovery state can be read (kopf.operator's own
+    # parameter; the class is not exported at the top level).
+    insights = Insights()
+    if webhook is not None:
+        controller.webhook_resolved = webhook_resolution(insights)
+    runner = None if health is None else await serve_health(controller.health, *health)
+    try:
+        await kopf.operator(
+            registry=registry,
+            insights=insights,
+            namespaces=list(options.namespaces),
+            clusterwide=not options.namespaces,
+            standalone=True,
+        )
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+
+
 def run(
     kube: Kube,
     options: Options,
     metrics: Metrics,
-    liveness: str | None = None,
+    health: tuple[str, int] | None = None,
     webhook: WebhookOptions | None = None,
 ) -> None:
-    """Run the operator until interrupted."""
+    """Run the operator until interrupted; `health` is where /healthz and /readyz listen."""
     controller = Controller(kube, options, metrics)
     registry = build_registry(controller, webhook)
     kopf.configure(verbose=False, debug=log.isEnabledFor(logging.DEBUG))
-    asyncio.run(
-        kopf.operator(
-            registry=registry,
-            namespaces=list(options.namespaces),
-            clusterwide=not options.namespaces,
-            standalone=True,
-            liveness_endpoint=liveness,
-        )
-    )
+    asyncio.run(_serve(controller, registry, health, webhook))

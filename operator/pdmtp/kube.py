@@ -112,7 +112,11 @@ class Kube:
         body: Any = None,
         content_type: str = "application/json",
         verb: str | None = None,
+        conditional: bool = False,
     ) -> dict[str, Any]:
+        """`conditional`: the body names the resourceVersion it was decided on, so a 409 means
+        the view was stale; it is raised, not retried."""
+
         def once() -> dict[str, Any]:
             if self.on_request is not None:
                 self.on_request(verb or method)
@@ -127,14 +131,14 @@ class Kube:
             text = _text(response.read())
             return json.loads(text) if text else {}
 
-        return self._retrying(once)
+        return self._retrying(once, RETRIED_STATUSES - {409} if conditional else RETRIED_STATUSES)
 
-    def _retrying(self, call: Callable[[], T]) -> T:
+    def _retrying(self, call: Callable[[], T], retried: frozenset[int]) -> T:
         for attempt in range(self.attempts):
             try:
                 return call()
             except ApiError as e:
-                if e.status not in RETRIED_STATUSES or attempt == self.attempts - 1:
+                if e.status not in retried or attempt == self.attempts - 1:
                     raise
                 delay = self.base_delay * 2**attempt * (1 + random.random())
                 log.info("Retrying after %s (attempt %d, %.2fs)", e.status, attempt + 1, delay)
@@ -169,25 +173,38 @@ class Kube:
 
     # ---- writes ---------------------------------------------------------------------------
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply: creates or updates, owning the fields we render."""
+    def apply(
+        self, manifest: Mapping[str, Any], resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """Server-side apply: creates or updates, owning the fields we render. With
+        `resource_version`, only over that version of the object (409 otherwise)."""
         meta = manifest["metadata"]
+        if resource_version is not None:
+            manifest = {**manifest, "metadata": {**meta, "resourceVersion": resource_version}}
         return self._request(
             "PATCH",
             path(manifest["kind"], meta["namespace"], meta["name"]),
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
             body=manifest,
             content_type="application/apply-patch+yaml",
+            conditional=resource_version is not None,
         )
 
-    def scale(self, namespace: str, name: str, replicas: int) -> dict[str, Any] | None:
-        """The scaled Deployment, or None when it is gone."""
+    def scale(
+        self, namespace: str, name: str, replicas: int, resource_version: str | None = None
+    ) -> dict[str, Any] | None:
+        """The scaled Deployment, or None when it is gone. With `resource_version`, only over
+        that version of the object (409 otherwise)."""
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             return self._request(
                 "PATCH",
                 path("Deployment", namespace, name),
-                body={"spec": {"replicas": replicas}},
+                body=body,
                 content_type="application/merge-patch+json",
+                conditional=resource_version is not None,
             )
         except ApiError as e:
             if e.status != 404:
@@ -234,12 +251,13 @@ class Kube:
 
     def patch_status(
         self, namespace: str, name: str, new: Mapping[str, Any], old: Mapping[str, Any]
-    ) -> None:
-        """Replace .status with `new` (a merge patch that also clears fields `new` dropped)."""
+    ) -> dict[str, Any] | None:
+        """Replace .status with `new` (a merge patch that also clears fields `new` dropped);
+        the object written, or None when it is gone."""
         patch: dict[str, Any] = {k: None for k in old if k not in new}
         patch.update(new)
         try:
-            self._request(
+            return self._request(
                 "PATCH",
                 path(v.KIND, namespace, name, "status"),
                 body={"status": patch},
@@ -248,3 +266,4 @@ class Kube:
         except ApiError as e:
             if e.status != 404:  # deleted meanwhile: nothing to report on
                 raise
+            return None

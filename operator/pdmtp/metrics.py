@@ -13,7 +13,6 @@ from pdmtp.api import vocabulary as v
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pdmtp.core.actions import Rejection
     from pdmtp.core.reconcile import Decision, Report
 
 LABELS = ("namespace", "name")
@@ -51,6 +50,13 @@ class Metrics:
             ("kind", "verb"),
             registry=self.registry,
         )
+        self.watched = Gauge(
+            "pdmtp_resource_watched",
+            "1 while the operator's watch of the resource is open in the scope (namespace, or"
+            " empty for all); 0 while the API server does not serve it or cannot be reached.",
+            ("resource", "scope"),
+            registry=self.registry,
+        )
         self.cached_objects = Gauge(
             "pdmtp_cached_objects",
             "Child objects held by the watch-fed caches.",
@@ -60,6 +66,12 @@ class Metrics:
             "pdmtp_child_writes_refused_total",
             "Child writes the API server refused.",
             LABELS,
+            registry=self.registry,
+        )
+        self.stale_writes = Counter(
+            "pdmtp_stale_writes_total",
+            "Conditional replica writes refused because the object changed since it was observed"
+            " (the step stops and is planned again).",
             registry=self.registry,
         )
         self.writes = Counter(
@@ -108,17 +120,15 @@ class Metrics:
         name: str,
         decision: Decision,
         report: Report,
-        refused: Sequence[Rejection],
+        unapplied: Sequence[str],
         seconds: float,
     ) -> None:
+        """`unapplied`: the keys of the actions refused or never sent."""
         self.reconciles.labels(namespace, name).inc()
         self.duration.observe(seconds)
-        failed = {r.key for r in refused}
         for action in decision.actions:
-            if action.key not in failed:
+            if action.key not in unapplied:
                 self.writes.labels(namespace, name, type(action).__name__.lower()).inc()
-        if refused:
-            self.refused.labels(namespace, name).inc(len(refused))
         agreement = decision.agreement
         if agreement is not None:
             self.compatible.labels(namespace, name).set(1 if agreement.compatible else 0)

@@ -149,7 +149,7 @@ def test_reconciles_with_liveness_and_metrics_answering(
             "--kubeconfig=/kube/config",
             "--metrics-address=127.0.0.1",
             f"--metrics-port={metrics_port}",
-            f"--liveness=http://127.0.0.1:{liveness_port}/healthz",
+            f"--health-listen=127.0.0.1:{liveness_port}",
             "--namespace=default",
         ],
         network="host",
@@ -165,7 +165,7 @@ def test_reconciles_with_liveness_and_metrics_answering(
     content_type, _ = wait_http_ok(
         f"http://127.0.0.1:{liveness_port}/healthz", timeout=60, alive=alive, describe=logs
     )
-    assert content_type == "application/json", "kopf's liveness answers JSON"
+    assert content_type == "application/json", "the operator's liveness answers JSON"
 
     # Real work: the operator in the container writes the status of a PDDeployment.
     body = yaml.safe_load((SAMPLES / "minimal.yaml").read_text())

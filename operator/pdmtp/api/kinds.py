@@ -83,7 +83,8 @@ CONTROLLER_REVISION: Final = Kind(
 EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
 """Events about PDDeployments, posted only."""
 PDDEPLOYMENT: Final = Kind(v.KIND, v.GROUP, v.VERSION, v.PLURAL, READ, status_verbs=_verbs("patch"))
-"""The objects it reconciles: watched by kopf (not the child cache), status written back."""
+"""The objects it reconciles: every one listed and watched by reflectors of their own (not the
+labelled child cache), status written back."""
 
 KINDS: Final = (
     DEPLOYMENT,
@@ -98,8 +99,7 @@ KINDS: Final = (
 WATCHED: Final = tuple(k for k in KINDS if k.watched)
 BY_KIND: Final = {k.kind: k for k in KINDS}
 
-# kopf's own needs, beyond the PDDeployments it watches for the operator: finding the resource
-# it is asked to watch, and the namespaces to watch it in.
+# kopf's own needs: discovering the resource its webhook admits, and the namespaces it serves.
 KOPF: Final = (
     Kind(
         "CustomResourceDefinition",

@@ -25,6 +25,9 @@ class Apply:
     exists: bool
     drift: tuple[str, ...] = ()
     """For an existing child: the owned fields that differ from the manifest."""
+    resource_version: str | None = None
+    """The observed version the write is conditional on: set when it changes a replica count,
+    so a count decided on a stale view is refused (409) rather than applied."""
 
     @property
     def key(self) -> str:
@@ -42,6 +45,8 @@ class Scale:
     name: str
     replicas: int
     was: int
+    resource_version: str | None = None
+    """The observed version the write is conditional on (see `Apply.resource_version`)."""
 
     @property
     def key(self) -> str:
@@ -106,4 +111,11 @@ def apply_if_drifted(manifest: Manifest, existing: Mapping[str, Obj]) -> Apply |
     if current is None:
         return Apply(manifest, exists=False)
     paths = drifted(manifest, current)
-    return Apply(manifest, exists=True, drift=tuple(paths)) if paths else None
+    if not paths:
+        return None
+    precondition = resource_version(current) if "spec.replicas" in paths else None
+    return Apply(manifest, exists=True, drift=tuple(paths), resource_version=precondition)
+
+
+def resource_version(obj: Obj) -> str | None:
+    return (obj.get("metadata") or {}).get("resourceVersion") or None

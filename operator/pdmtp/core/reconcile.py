@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -33,6 +33,7 @@ from pdmtp.core.actions import (
     Scale,
     apply_if_drifted,
     key_of,
+    resource_version,
 )
 from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.events import action_events, condition_events, revision_events, rollout_events
@@ -110,9 +111,10 @@ class Decision:
     _inputs: _Inputs | None = field(default=None, repr=False)
     _unusable: Report | None = field(default=None, repr=False)
 
-    def report(self, refused: Sequence[Rejection] = ()) -> Report:
-        """The status and events once the actions ran, `refused` being the writes the API
-        server refused (their events are dropped; the status says so)."""
+    def report(self, refused: Sequence[Rejection] = (), unapplied: Collection[str] = ()) -> Report:
+        """The status and events once the actions ran: `refused` are the writes the API server
+        refused (the status says so), `unapplied` the keys of actions never sent or refused as
+        stale (the shell stops a step at its first refusal). No event claims any of them."""
         if self._inputs is None:
             assert self._unusable is not None
             return self._unusable
@@ -131,7 +133,7 @@ class Decision:
             i.record,
         )
         written = status.as_dict(new)
-        keys = {r.key for r in refused}
+        keys = {r.key for r in refused} | set(unapplied)
         events = [
             *rollout_events(i.steering),
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
@@ -313,7 +315,9 @@ def _revision_actions(
                 continue
             was = int((current.get("spec") or {}).get("replicas") or 0)
             if was != p.replicas(role):
-                actions.append(Scale(names.workload(name, p.revision, role), p.replicas(role), was))
+                workload = names.workload(name, p.revision, role)
+                rv = resource_version(current)
+                actions.append(Scale(workload, p.replicas(role), was, rv))
     eff = agreement.settings
     membership = revision_membership(
         pods,

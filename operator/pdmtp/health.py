@@ -1,0 +1,104 @@
+"""Whether the operator is live and ready, judged from what its watches see, and the endpoint
+that says so (`/healthz` for liveness, `/readyz` for readiness).
+
+Ready: every PDDeployment scope is being watched, the child caches hold a full listing, and the
+webhook (when on) knows the resource it admits. Live: none of those has been missing for longer
+than a grace period. A PDDeployment watch that cannot be opened is retried without end, so a CRD
+or an API server that comes back is served without help; the grace is the backstop that gets a
+stuck process restarted rather than left running idle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from aiohttp import web
+
+GRACE_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One reflector's state: is its watch open, since when (seconds ago), the last error."""
+
+    resource: str
+    scope: str
+    watching: bool
+    seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Health:
+    live: bool
+    ready: bool
+    problems: tuple[str, ...] = ()
+    watches: tuple[Watch, ...] = field(default=())
+
+    def body(self) -> str:
+        return json.dumps(
+            {
+                "live": self.live,
+                "ready": self.ready,
+                "problems": list(self.problems),
+                "watches": [asdict(w) for w in self.watches],
+            }
+        )
+
+
+def assess(
+    watches: Sequence[Watch],
+    children_synced: bool,
+    workers_alive: bool,
+    webhook_resolved: bool | None,
+    uptime: float,
+    grace: float = GRACE_SECONDS,
+) -> Health:
+    """`watches`: the PDDeployment reflectors; `webhook_resolved` None when there is no
+    webhook; `uptime`: seconds since the operator started."""
+    problems: list[str] = []
+    dead = False
+    for w in watches:
+        if not w.watching:
+            why = f": {w.error}" if w.error else ""
+            problems.append(f"{w.resource} in {w.scope} not watched for {w.seconds:.0f}s{why}")
+            dead |= w.seconds >= grace
+    if not children_synced:
+        problems.append(f"child caches not synced after {uptime:.0f}s")
+        dead |= uptime >= grace
+    if webhook_resolved is False:
+        problems.append("the webhook's resource is not resolved (kopf found no CRD for it)")
+        dead |= uptime >= grace
+    if not workers_alive:
+        problems.append("a reconcile worker stopped")
+        dead = True
+    return Health(
+        live=not dead, ready=not problems, problems=tuple(problems), watches=tuple(watches)
+    )
+
+
+def app(judge: Callable[[], Health]) -> web.Application:
+    """`/healthz` answers 500 when not live, `/readyz` 503 when not ready; both JSON."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        health = judge()
+        status = 200 if health.live else 500
+        return web.Response(status=status, text=health.body(), content_type="application/json")
+
+    async def readyz(_: web.Request) -> web.Response:
+        health = judge()
+        status = 200 if health.ready else 503
+        return web.Response(status=status, text=health.body(), content_type="application/json")
+
+    application = web.Application()
+    application.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    return application
+
+
+async def serve(judge: Callable[[], Health], host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(app(judge), handle_signals=False, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
