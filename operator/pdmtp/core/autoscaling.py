@@ -1,0 +1,726 @@
+"""Elastic P/D: how many prefill and decode pods the load asks for, decided as a pure function.
+
+`decide(policy, pods, current, history, now)` takes the engines' own metrics per pod (already
+parsed, see `pdmtp.core.promtext`), each pod's Ready flag, the replicas each role has now, the
+recommendations and scale events of the last minutes and the time, and returns per role the
+desired replicas, the raw recommendation, the signal that decided, a reason a human can read and
+every signal value it used, plus the history to hand back next time. No clock, no I/O: the caller
+scrapes, stores the history and writes the replicas.
+
+Per role, in this order (each step names itself in the reason when it changed the number):
+
+1. Signals. Each configured signal gives a desired count the way HPA does,
+   `ceil(ready * observed / target)` over the role's Ready pods, or exactly the current count when
+   `observed / target` is within the tolerance band (HPA's 10% by default). A signal never votes
+   against its own direction: above target it never asks for fewer pods than there are.
+2. Recommendation: the largest vote, and the signal that cast it decides.
+3. Missing data holds. A Ready pod without a fresh scrape (older than `staleness_seconds`) or
+   without the metric makes its signal incomplete; an incomplete signal may still ask for more
+   pods on what it has, but the role is not scaled down until a quorum of its Ready pods report
+   every configured signal again.
+4. Stabilisation, as HPA's `behavior`: the count used is the lowest recommendation of the
+   scale-up window (a short spike does not buy pods) and the highest of the scale-down window (a
+   dip does not give them back).
+5. Step limits, as HPA's `behavior` policies: at most +N pods or +P% (the larger) per period up,
+   at most -N pods or -P% (the larger, and at least one pod) per period down, counted from the
+   replicas the role had at the start of the period.
+6. minReplicas / maxReplicas.
+
+Then across roles, 7. the prefill:decode ratio band: when the two counts leave it, the nearest
+pair inside it is taken, preferring to add pods rather than take any away (a role that wanted
+fewer pods is left as it is when the other can rise instead).
+
+Precedence when they disagree: min/max > ratio band > missing-data hold > step limits >
+stabilisation. min/max wins over the band because they are the budget (GPUs) the user granted; a
+band that no pair within min/max satisfies is reported in the reason (admission should refuse it).
+The band wins over step limits and the hold, because it is the one invariant the issue promises
+no decision leaves: a role may then move further than its step, or down on missing data when the
+other role is at its max.
+
+Default signals, and why:
+
+- prefill: `waitingRequestsPerPod` (vllm:num_requests_waiting) and `queueTimeSeconds`
+  (windowed mean of vllm:request_queue_time_seconds). A P/D prefill pod runs each prompt once
+  and hands it on; its work is compute-bound, so when arrivals outrun it the first thing that grows
+  is its queue, in proportion to the excess: the leading signal (Kthena scales on the same one).
+  Queue time is the part of TTFT that more pods remove; TTFT itself also holds the prompt's own
+  compute time, which depends on prompt length and not on pod count, so it is available
+  (`timeToFirstTokenSeconds`) but not a default.
+- decode: `kvCacheUsage` (vllm:kv_cache_usage_perc), `runningRequestsPerPod`
+  (vllm:num_requests_running) and `interTokenLatencySeconds` (windowed mean of
+  vllm:inter_token_latency_seconds). A decode pod holds every running request's KV for the whole
+  generation: when the cache fills, vLLM preempts and recomputes, a latency cliff, so KV usage is
+  its binding resource; running requests is its concurrency (the batch it steps), which sets its
+  token rate; ITL is the latency a user feels. The ITL target must sit above an idle engine's
+  ITL, or the signal asks for maxReplicas forever.
+
+MTP-aware decode sizing. With speculative decoding a forward step of a running request emits
+`1 + a` tokens, `a` being the measured acceptance length (accepted tokens per draft, the deltas of
+vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts between two scrapes, summed
+over the role's Ready pods). A step costs the same whatever is accepted (it verifies every draft),
+so the concurrency a pod carries at a given per-request token rate scales with `1 + a`. The
+`runningRequestsPerPod` target is the concurrency at the policy's `expected_acceptance_length`;
+the effective target is `target * (1 + a_observed) / (1 + a_expected)`. When acceptance drops at
+the same load, the effective target drops and the recommendation rises at once, before the longer
+generations it causes have even filled the batches (Little's law makes the running count rise too,
+later). KV usage is not scaled (the cache a request holds does not depend on acceptance) and ITL
+is already measured as the user sees it. Without drafts in the window the expected value is used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from typing import Generic, TypeVar
+
+from pdmtp.core.promtext import HistogramTotals, Scrape
+
+T = TypeVar("T")
+
+__all__ = [
+    "Acceptance",
+    "AutoscalingPolicy",
+    "Coverage",
+    "Decision",
+    "HistogramTotals",
+    "PerRole",
+    "PodObservation",
+    "RatioBand",
+    "Recommendation",
+    "Role",
+    "RoleDecision",
+    "RoleHistory",
+    "RolePolicy",
+    "ScaleEvent",
+    "ScalingRules",
+    "Scrape",
+    "Signal",
+    "SignalReading",
+    "decide",
+    "default_policy",
+    "default_role_policy",
+]
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class PerRole(Generic[T]):
+    """One value per role."""
+
+    prefill: T
+    decode: T
+
+    def __getitem__(self, role: Role) -> T:
+        return self.prefill if role is Role.PREFILL else self.decode
+
+
+class Signal(StrEnum):
+    """A load signal; the value is the name a spec's target uses."""
+
+    WAITING_PER_POD = "waitingRequestsPerPod"
+    QUEUE_TIME = "queueTimeSeconds"
+    TIME_TO_FIRST_TOKEN = "timeToFirstTokenSeconds"
+    KV_CACHE_USAGE = "kvCacheUsage"
+    RUNNING_PER_POD = "runningRequestsPerPod"
+    INTER_TOKEN_LATENCY = "interTokenLatencySeconds"
+
+
+# Per-pod gauges: the role's value is their mean over the reporting pods.
+_GAUGES: dict[Signal, Callable[[Scrape], float | None]] = {
+    Signal.WAITING_PER_POD: lambda scrape: scrape.waiting,
+    Signal.RUNNING_PER_POD: lambda scrape: scrape.running,
+    Signal.KV_CACHE_USAGE: lambda scrape: scrape.kv_cache_usage,
+}
+# Histograms: the role's value is the mean of what was observed between two scrapes.
+_WINDOWED: dict[Signal, Callable[[Scrape], HistogramTotals | None]] = {
+    Signal.QUEUE_TIME: lambda scrape: scrape.queue_time,
+    Signal.TIME_TO_FIRST_TOKEN: lambda scrape: scrape.time_to_first_token,
+    Signal.INTER_TOKEN_LATENCY: lambda scrape: scrape.inter_token_latency,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+
+
+@dataclass(frozen=True)
+class ScalingRules:
+    """One direction of HPA-style `behavior`: a stabilisation window and step limits."""
+
+    stabilization_seconds: float
+    period_seconds: float = 60.0
+    max_pods: int | None = None
+    """At most this many pods per period (None: no pod-count limit)."""
+    max_percent: float | None = None
+    """At most this percent of the pods at the start of the period (None: no percent limit).
+    With both set, the larger change is allowed, as HPA's default selectPolicy: Max."""
+
+    def __post_init__(self) -> None:
+        if self.stabilization_seconds < 0 or self.period_seconds <= 0:
+            raise ValueError("stabilization_seconds must be >= 0 and period_seconds > 0")
+        if self.max_pods is not None and self.max_pods < 1:
+            raise ValueError("max_pods must be at least 1")
+        if self.max_percent is not None and self.max_percent <= 0:
+            raise ValueError("max_percent must be positive")
+
+
+DEFAULT_SCALE_UP = ScalingRules(
+    stabilization_seconds=30, period_seconds=60, max_pods=2, max_percent=100
+)
+"""A sample must stay high for 30 s (one noisy scrape does not buy a GPU pod); then up to
+doubling, or +2 pods, per minute: engines take minutes to load weights, so a bigger step
+only piles up pending pods."""
+DEFAULT_SCALE_DOWN = ScalingRules(stabilization_seconds=300, period_seconds=60, max_pods=1)
+"""HPA's 5-minute window, then one pod a minute: each removal drains that pod's requests."""
+
+
+@dataclass(frozen=True)
+class RolePolicy:
+    """How one role scales."""
+
+    min_replicas: int
+    max_replicas: int
+    targets: Mapping[Signal, float]
+    """Target value per signal (per pod for the per-pod ones); a signal not here is off."""
+    scale_up: ScalingRules = DEFAULT_SCALE_UP
+    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+    tolerance: float = 0.1
+    """No signal moves the count while observed/target is within 1 +- tolerance."""
+    expected_acceptance_length: float | None = None
+    """Accepted tokens per draft the runningRequestsPerPod target was set at (MTP); None: the
+    target is not adjusted for acceptance."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError("need 1 <= min_replicas <= max_replicas")
+        if any(target <= 0 for target in self.targets.values()):
+            raise ValueError("every target must be positive")
+        if not 0 <= self.tolerance < 1:
+            raise ValueError("tolerance must be in [0, 1)")
+        if self.expected_acceptance_length is not None and self.expected_acceptance_length < 0:
+            raise ValueError("expected_acceptance_length must be >= 0")
+
+
+@dataclass(frozen=True)
+class RatioBand:
+    """prefill replicas / decode replicas stays within [min, max]."""
+
+    min: float
+    max: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min <= self.max:
+            raise ValueError("need 0 < ratio min <= ratio max")
+
+
+@dataclass(frozen=True)
+class AutoscalingPolicy:
+    prefill: RolePolicy
+    decode: RolePolicy
+    ratio: RatioBand | None = None
+    staleness_seconds: float = 60.0
+    """A scrape older than this is as good as none."""
+    quorum: float = 1.0
+    """Fraction of a role's Ready pods that must report a signal before it may vote down."""
+
+    def __post_init__(self) -> None:
+        if self.staleness_seconds <= 0:
+            raise ValueError("staleness_seconds must be positive")
+        if not 0 < self.quorum <= 1:
+            raise ValueError("quorum must be in (0, 1]")
+
+    def __getitem__(self, role: Role) -> RolePolicy:
+        return self.prefill if role is Role.PREFILL else self.decode
+
+
+DEFAULT_TARGETS: PerRole[Mapping[Signal, float]] = PerRole(
+    prefill={Signal.WAITING_PER_POD: 4.0, Signal.QUEUE_TIME: 0.5},
+    decode={
+        Signal.KV_CACHE_USAGE: 0.8,
+        Signal.RUNNING_PER_POD: 32.0,
+        Signal.INTER_TOKEN_LATENCY: 0.05,
+    },
+)
+"""Starting points, not truths: the numbers depend on the model and the GPU (tune from a
+benchmark); the choice of signals is argued in the module docstring."""
+
+
+def default_role_policy(role: Role, min_replicas: int = 1, max_replicas: int = 8) -> RolePolicy:
+    """The role's default signals and behaviour (change fields with dataclasses.replace)."""
+    return RolePolicy(min_replicas, max_replicas, dict(DEFAULT_TARGETS[role]))
+
+
+def default_policy(ratio: RatioBand | None = None) -> AutoscalingPolicy:
+    return AutoscalingPolicy(
+        default_role_policy(Role.PREFILL), default_role_policy(Role.DECODE), ratio
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and outputs
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """One engine pod as the scraper saw it: its two latest scrapes (for windowed means)."""
+
+    name: str
+    ready: bool
+    latest: Scrape | None = None
+    previous: Scrape | None = None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    at: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    at: float
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class RoleHistory:
+    """What stabilisation and step limits remember; `decide` returns it pruned and updated."""
+
+    recommendations: tuple[Recommendation, ...] = ()
+    scale_events: tuple[ScaleEvent, ...] = ()
+
+
+class Coverage(StrEnum):
+    FULL = "full"
+    """Enough Ready pods reported (the quorum)."""
+    PARTIAL = "partial"
+    """Some, fewer than the quorum: may vote up, not down."""
+    MISSING = "missing"
+    """No Ready pod reported it (or there is no Ready pod): no vote, and no scale-down."""
+    QUIET = "quiet"
+    """Reported, but nothing happened in the window (no request finished): no vote."""
+
+
+@dataclass(frozen=True)
+class SignalReading:
+    signal: Signal
+    target: float
+    """The target used (for runningRequestsPerPod, after the MTP adjustment)."""
+    value: float | None
+    desired: int | None
+    """The count this signal asks for; None when it does not vote."""
+    coverage: Coverage
+    reporting_pods: int
+    ready_pods: int
+    within_tolerance: bool = False
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """MTP acceptance as measured over the window, and what it did to the decode's target."""
+
+    expected: float
+    observed: float | None
+    """Accepted tokens per draft; None when no draft was made in the window."""
+    capacity_factor: float
+    """(1 + observed) / (1 + expected): the running-requests target is multiplied by this."""
+
+
+@dataclass(frozen=True)
+class RoleDecision:
+    role: Role
+    current: int
+    recommendation: int
+    """The raw recommendation (largest vote, after the missing-data hold), before stabilisation."""
+    desired: int
+    deciding_signal: Signal | None
+    reason: str
+    readings: tuple[SignalReading, ...]
+    held_for_missing_data: bool
+    acceptance: Acceptance | None = None
+
+    @property
+    def changed(self) -> bool:
+        """A decision worth an event: the count moves."""
+        return self.desired != self.current
+
+
+@dataclass(frozen=True)
+class Decision:
+    roles: PerRole[RoleDecision]
+    history: PerRole[RoleHistory]
+    """Persist this once the desired replicas are written; pass it back next time."""
+    ratio_note: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+
+UNREACHABLE = "unreachable within min/max replicas: min/max win"
+
+
+def decide(
+    policy: AutoscalingPolicy,
+    pods: PerRole[Sequence[PodObservation]],
+    current: PerRole[int],
+    history: PerRole[RoleHistory],
+    now: float,
+) -> Decision:
+    """Desired replicas per role, with the reason, from metrics, policy, history and `now`."""
+    staged = {
+        role: _decide_role(role, policy, pods[role], current[role], history[role], now)
+        for role in Role
+    }
+    prefill, decode = staged[Role.PREFILL].desired, staged[Role.DECODE].desired
+    ratio_note = None
+    if policy.ratio is not None:
+        prefill, decode, ratio_note = _keep_ratio(
+            policy.ratio, prefill, decode, policy.prefill, policy.decode
+        )
+    final = PerRole(prefill, decode)
+    decisions = {role: staged[role].finish(final[role], ratio_note) for role in Role}
+    new_history = {
+        role: _remember(policy[role], history[role], decisions[role], now) for role in Role
+    }
+    return Decision(
+        PerRole(decisions[Role.PREFILL], decisions[Role.DECODE]),
+        PerRole(new_history[Role.PREFILL], new_history[Role.DECODE]),
+        ratio_note,
+    )
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A role's decision before the ratio band is applied."""
+
+    role: Role
+    current: int
+    recommendation: int
+    desired: int
+    deciding: SignalReading | None
+    readings: tuple[SignalReading, ...]
+    held: bool
+    acceptance: Acceptance | None
+    steps: tuple[str, ...]
+
+    def finish(self, desired: int, ratio_note: str | None) -> RoleDecision:
+        steps = list(self.steps)
+        if desired != self.desired and ratio_note is not None:
+            steps.append(f"{ratio_note}: {self.desired} -> {desired}")
+        elif ratio_note is not None and ratio_note.endswith(UNREACHABLE):
+            steps.append(ratio_note)
+        if desired > self.current:
+            head = f"scale up {self.current} -> {desired}"
+        elif desired < self.current:
+            head = f"scale down {self.current} -> {desired}"
+        else:
+            head = f"hold at {desired}"
+        return RoleDecision(
+            role=self.role,
+            current=self.current,
+            recommendation=self.recommendation,
+            desired=desired,
+            deciding_signal=None if self.deciding is None else self.deciding.signal,
+            reason=f"{self.role} {head}: " + "; ".join(steps),
+            readings=self.readings,
+            held_for_missing_data=self.held,
+            acceptance=self.acceptance,
+        )
+
+
+def _decide_role(
+    role: Role,
+    policy: AutoscalingPolicy,
+    pods: Sequence[PodObservation],
+    current: int,
+    history: RoleHistory,
+    now: float,
+) -> _Staged:
+    rules = policy[role]
+    ready = [pod for pod in pods if pod.ready]
+    fresh = [
+        pod
+        for pod in ready
+        if pod.latest is not None and pod.latest.at >= now - policy.staleness_seconds
+    ]
+    acceptance = _acceptance(rules, fresh)
+    readings = tuple(
+        _read(signal, target, rules, acceptance, len(ready), fresh, current, policy.quorum)
+        for signal, target in _ordered(rules.targets)
+    )
+    steps: list[str] = []
+
+    votes = [reading for reading in readings if reading.desired is not None]
+    deciding = max(votes, key=_vote_strength, default=None)
+    recommendation = current if deciding is None or deciding.desired is None else deciding.desired
+    steps.append(_describe_vote(deciding, readings, acceptance))
+
+    incomplete = [r for r in readings if r.coverage in (Coverage.PARTIAL, Coverage.MISSING)]
+    held = bool(incomplete) and recommendation < current
+    if held:
+        recommendation = current
+        missing = ", ".join(
+            f"{r.signal} ({r.reporting_pods}/{r.ready_pods} Ready pods)" for r in incomplete
+        )
+        steps.append(f"no scale-down on missing or stale metrics: {missing}")
+
+    stabilised = _stabilise(recommendation, current, history, rules, now)
+    if stabilised != recommendation:
+        window = rules.scale_up if stabilised < recommendation else rules.scale_down
+        direction = "up" if stabilised < recommendation else "down"
+        steps.append(
+            f"stabilised to {stabilised} over the {window.stabilization_seconds:g}s "
+            f"scale-{direction} window"
+        )
+    limited = _limit_step(stabilised, current, history, rules, now)
+    if limited != stabilised:
+        direction = "up" if stabilised > current else "down"
+        steps.append(f"scale-{direction} step limit allows {limited}")
+    clamped = min(max(limited, rules.min_replicas), rules.max_replicas)
+    if clamped != limited:
+        bound = "minReplicas" if clamped == rules.min_replicas else "maxReplicas"
+        steps.append(f"{bound} {clamped}")
+    return _Staged(
+        role, current, recommendation, clamped, deciding, readings, held, acceptance, tuple(steps)
+    )
+
+
+def _ordered(targets: Mapping[Signal, float]) -> list[tuple[Signal, float]]:
+    """Signals in the enum's order, so reasons and ties do not depend on the mapping's order."""
+    return [(signal, targets[signal]) for signal in Signal if signal in targets]
+
+
+def _vote_strength(reading: SignalReading) -> tuple[int, float]:
+    """Largest desired count wins; among equals, the signal furthest over its target."""
+    ratio = 0.0 if reading.value is None else reading.value / reading.target
+    return (reading.desired or 0, ratio)
+
+
+def _acceptance(rules: RolePolicy, fresh: Sequence[PodObservation]) -> Acceptance | None:
+    """Measured accepted tokens per draft over the window, and the capacity factor it implies."""
+    expected = rules.expected_acceptance_length
+    if expected is None:
+        return None
+    accepted = drafts = 0.0
+    for pod in fresh:
+        latest, previous = pod.latest, pod.previous
+        if latest is None or previous is None or previous.at >= latest.at:
+            continue
+        accepted_delta = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
+        drafts_delta = _counter_delta(latest.drafts, previous.drafts)
+        if accepted_delta is None or drafts_delta is None:
+            continue
+        accepted += accepted_delta
+        drafts += drafts_delta
+    if drafts <= 0:
+        return Acceptance(expected, None, 1.0)
+    observed = accepted / drafts
+    return Acceptance(expected, observed, (1 + observed) / (1 + expected))
+
+
+def _counter_delta(latest: float | None, previous: float | None) -> float | None:
+    """Increase of a counter between two scrapes; a drop means the engine restarted."""
+    if latest is None or previous is None:
+        return None
+    return latest - previous if latest >= previous else latest
+
+
+def _read(
+    signal: Signal,
+    target: float,
+    rules: RolePolicy,
+    acceptance: Acceptance | None,
+    ready: int,
+    fresh: Sequence[PodObservation],
+    current: int,
+    quorum: float,
+) -> SignalReading:
+    if signal is Signal.RUNNING_PER_POD and acceptance is not None:
+        target = target * acceptance.capacity_factor
+    value, reporting = _observe(signal, fresh)
+    if ready == 0 or reporting == 0:
+        coverage = Coverage.MISSING
+    elif reporting < math.ceil(quorum * ready - 1e-9):
+        coverage = Coverage.PARTIAL
+    elif value is None:
+        coverage = Coverage.QUIET
+    else:
+        coverage = Coverage.FULL
+    if value is None or coverage is Coverage.MISSING:
+        return SignalReading(signal, target, value, None, coverage, reporting, ready)
+
+    ratio = value / target
+    within = abs(ratio - 1) <= rules.tolerance
+    # Proportional, as HPA; the small epsilon keeps float noise (3 * 0.1 / 0.1) from adding a pod.
+    proportional = math.ceil(ready * ratio - 1e-9)
+    if within:
+        desired = current
+    elif ratio > 1:
+        desired = max(current, proportional)
+    else:
+        desired = min(current, proportional)
+    if coverage is Coverage.PARTIAL:
+        desired = max(desired, current)
+    return SignalReading(signal, target, value, desired, coverage, reporting, ready, within)
+
+
+def _observe(signal: Signal, fresh: Sequence[PodObservation]) -> tuple[float | None, int]:
+    """(the role's value, how many pods reported it) over the fresh Ready pods."""
+    gauge = _GAUGES.get(signal)
+    if gauge is not None:
+        values = [
+            v for pod in fresh if pod.latest is not None and (v := gauge(pod.latest)) is not None
+        ]
+        return (sum(values) / len(values) if values else None), len(values)
+    histogram = _WINDOWED[signal]
+    total = count = 0.0
+    reporting = 0
+    for pod in fresh:
+        latest, previous = pod.latest, pod.previous
+        if latest is None or previous is None or previous.at >= latest.at:
+            continue
+        now_totals, then_totals = histogram(latest), histogram(previous)
+        if now_totals is None or then_totals is None:
+            continue
+        reporting += 1
+        if now_totals.count >= then_totals.count:
+            total += now_totals.sum - then_totals.sum
+            count += now_totals.count - then_totals.count
+        else:  # the engine restarted between the scrapes: all it has is since then
+            total += now_totals.sum
+            count += now_totals.count
+    return (total / count if count > 0 else None), reporting
+
+
+def _describe_vote(
+    deciding: SignalReading | None,
+    readings: Sequence[SignalReading],
+    acceptance: Acceptance | None,
+) -> str:
+    if not readings:
+        return "no signal configured"
+    if deciding is None or deciding.value is None:
+        return "no signal voted (" + ", ".join(f"{r.signal} {r.coverage}" for r in readings) + ")"
+    text = f"{deciding.signal} {deciding.value:.3g} vs target {deciding.target:.3g}"
+    if deciding.signal is Signal.RUNNING_PER_POD and acceptance is not None:
+        if acceptance.observed is None:
+            text += " (no MTP drafts in the window: expected acceptance assumed)"
+        else:
+            text += (
+                f" (target x{acceptance.capacity_factor:.2f} for MTP acceptance "
+                f"{acceptance.observed:.2f} vs expected {acceptance.expected:.2f})"
+            )
+    if deciding.within_tolerance:
+        return text + " is within tolerance"
+    return text + f" wants {deciding.desired}"
+
+
+def _stabilise(
+    recommendation: int, current: int, history: RoleHistory, rules: RolePolicy, now: float
+) -> int:
+    """HPA's stabilisation: rise to the lowest recommendation of the scale-up window, fall only
+    to the highest of the scale-down window."""
+    lowest_recent = highest_recent = recommendation
+    for past in history.recommendations:
+        if past.at > now - rules.scale_up.stabilization_seconds:
+            lowest_recent = min(lowest_recent, past.replicas)
+        if past.at > now - rules.scale_down.stabilization_seconds:
+            highest_recent = max(highest_recent, past.replicas)
+    if current < lowest_recent:
+        return lowest_recent
+    if current > highest_recent:
+        return highest_recent
+    return current
+
+
+def _limit_step(
+    stabilised: int, current: int, history: RoleHistory, rules: RolePolicy, now: float
+) -> int:
+    """HPA-style step limits, counted from the replicas at the start of the period."""
+    if stabilised > current:
+        up = rules.scale_up
+        start = current - _net_change(history, up.period_seconds, now)
+        limits = []
+        if up.max_pods is not None:
+            limits.append(start + up.max_pods)
+        if up.max_percent is not None:
+            limits.append(math.ceil(start * (100 + _exact(up.max_percent)) / 100))
+        if not limits:
+            return stabilised
+        # A period already used up holds the count; it never turns a scale-up into a scale-down.
+        return min(stabilised, max(max(limits), current))
+    if stabilised < current:
+        down = rules.scale_down
+        start = current - _net_change(history, down.period_seconds, now)
+        limits = []
+        if down.max_pods is not None:
+            limits.append(start - down.max_pods)
+        if down.max_percent is not None:
+            keep = math.ceil(start * (100 - _exact(down.max_percent)) / 100)
+            limits.append(min(keep, start - 1))  # a small role still loses one pod a period
+        if not limits:
+            return stabilised
+        return max(stabilised, min(min(limits), current))
+    return stabilised
+
+
+def _net_change(history: RoleHistory, period: float, now: float) -> int:
+    return sum(e.after - e.before for e in history.scale_events if e.at > now - period)
+
+
+def _exact(number: float) -> Fraction:
+    """The decimal the user wrote (0.3 is 3/10, not the float below it), for exact rounding."""
+    return Fraction(repr(number))
+
+
+def _keep_ratio(
+    band: RatioBand, prefill: int, decode: int, prefill_rules: RolePolicy, decode_rules: RolePolicy
+) -> tuple[int, int, str | None]:
+    """The pair within the band and both roles' min/max nearest to (prefill, decode).
+
+    Nearest means: fewest pods taken away from what the roles want, then fewest added, then the
+    decode count closest to its own. None inside the band: min/max win and the note says so.
+    """
+    low, high = _exact(band.min), _exact(band.max)
+    label = f"prefill:decode band [{band.min:g}, {band.max:g}]"
+    if low <= Fraction(prefill, decode) <= high:
+        return prefill, decode, None
+    best: tuple[tuple[int, int, int], int, int] | None = None
+    # Only decode counts for which some prefill count in [min, max] fits the band.
+    first = max(decode_rules.min_replicas, math.ceil(prefill_rules.min_replicas / high))
+    last = min(decode_rules.max_replicas, math.floor(prefill_rules.max_replicas / low))
+    for candidate_decode in range(first, last + 1):
+        lowest = max(prefill_rules.min_replicas, math.ceil(low * candidate_decode))
+        highest = min(prefill_rules.max_replicas, math.floor(high * candidate_decode))
+        if lowest > highest:
+            continue
+        candidate_prefill = min(max(prefill, lowest), highest)
+        taken = max(0, prefill - candidate_prefill) + max(0, decode - candidate_decode)
+        added = max(0, candidate_prefill - prefill) + max(0, candidate_decode - decode)
+        key = (taken, added, abs(candidate_decode - decode))
+        if best is None or key < best[0]:
+            best = (key, candidate_prefill, candidate_decode)
+    if best is None:
+        return prefill, decode, f"{label} {UNREACHABLE}"
+    return best[1], best[2], label
+
+
+def _remember(
+    rules: RolePolicy, past: RoleHistory, decision: RoleDecision, now: float
+) -> RoleHistory:
+    """The history with this decision added and what no window or period still needs dropped."""
+    window = max(rules.scale_up.stabilization_seconds, rules.scale_down.stabilization_seconds)
+    period = max(rules.scale_up.period_seconds, rules.scale_down.period_seconds)
+    recommendations = tuple(r for r in past.recommendations if r.at > now - window)
+    events = tuple(e for e in past.scale_events if e.at > now - period)
+    if decision.changed:
+        events += (ScaleEvent(now, decision.current, decision.desired),)
+    return RoleHistory((*recommendations, Recommendation(now, decision.recommendation)), events)
