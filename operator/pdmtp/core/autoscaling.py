@@ -559,16 +559,18 @@ def _read(
 
     ratio = value / target
     within = abs(ratio - 1) <= rules.tolerance
-    # Proportional, as HPA; the small epsilon keeps float noise (3 * 0.1 / 0.1) from adding a pod.
-    proportional = math.ceil(ready * ratio - 1e-9)
+    # Proportional, as HPA, over the Ready pods when enough of them reported; over only the pods
+    # heard from when too few did (the silent ones are counted as idle, so a partial view asks
+    # for less, never more; it cannot vote down anyway, see the hold). The epsilon keeps float
+    # noise (3 * 0.1 / 0.1) from adding a pod.
+    base = reporting if coverage is Coverage.PARTIAL else ready
+    proportional = math.ceil(base * ratio - 1e-9)
     if within:
         desired = current
     elif ratio > 1:
         desired = max(current, proportional)
     else:
         desired = min(current, proportional)
-    if coverage is Coverage.PARTIAL:
-        desired = max(desired, current)
     return SignalReading(signal, target, value, desired, coverage, reporting, ready, within)
 
 
@@ -630,9 +632,10 @@ def _stabilise(
     to the highest of the scale-down window."""
     lowest_recent = highest_recent = recommendation
     for past in history.recommendations:
-        if past.at > now - rules.scale_up.stabilization_seconds:
+        # Inclusive: a change needs every recommendation of the whole window behind it.
+        if past.at >= now - rules.scale_up.stabilization_seconds:
             lowest_recent = min(lowest_recent, past.replicas)
-        if past.at > now - rules.scale_down.stabilization_seconds:
+        if past.at >= now - rules.scale_down.stabilization_seconds:
             highest_recent = max(highest_recent, past.replicas)
     if current < lowest_recent:
         return lowest_recent
