@@ -17,11 +17,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from builders import PDDBuilder
 from cluster.kubehelpers import wait_for
@@ -29,6 +30,8 @@ from kubernetes import client, watch
 from loopback import free_ports
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.api.vocabulary import Role
+from pdmtp.core import names
 from pdmtp.core.agreement import check
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
 from pdmtp.core.observe import (
@@ -88,7 +91,7 @@ class OperatorProcess:
         self.starts = 0
 
     def start(self, timeout: float = 30, attempts: int = 3) -> None:
-        """Start and wait until kopf's liveness endpoint answers; a port taken meanwhile by
+        """Start and wait until the liveness endpoint answers; a port taken meanwhile by
         another process (the race every free-port pick has) gets fresh ports and a retry."""
         for attempt in range(attempts):
             try:
@@ -121,8 +124,8 @@ class OperatorProcess:
             str(self.metrics_port),
             "--metrics-address",
             "127.0.0.1",
-            "--liveness",
-            f"http://127.0.0.1:{self.liveness_port}/healthz",
+            "--health-listen",
+            f"127.0.0.1:{self.liveness_port}",
         ]
         for ns in self.namespaces:
             args += ["--namespace", ns]
@@ -144,7 +147,7 @@ class OperatorProcess:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1
                 ) as r:
-                    # kopf answers JSON; anything else on this port is not our operator.
+                    # The operator answers JSON; anything else on this port is not it.
                     if r.status == 200 and r.headers.get_content_type() == "application/json":
                         return
             except OSError:
@@ -170,6 +173,16 @@ class OperatorProcess:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    def health(self, path: str = "/readyz") -> tuple[int, dict[str, Any]]:
+        """The status code and JSON body of `/healthz` or `/readyz`."""
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.liveness_port}{path}", timeout=5
+            ) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
 
     def metrics(self) -> dict[str, float]:
         """Scrape the operator's metrics endpoint: `name{labels}` -> value."""
@@ -282,6 +295,10 @@ class RolloutWatcher:
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     events_seen: int = 0
+    forgive_surplus: bool = False
+    """Leave out live pods beyond their Deployment's replicas (newest first). An API server
+    that dies mid-create loses the answer, and the ReplicaSet controller makes the pod again:
+    one too many, deleted soon after. Kubernetes' doing, not a decision of the operator's."""
     monitor: InvariantMonitor = field(init=False)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -368,7 +385,27 @@ class RolloutWatcher:
     # Checks run under the lock, over the watcher's view of the namespace.
 
     def _states(self) -> list[RevisionState]:
-        return revision_states(self.deployments.values(), self.pods.values())
+        return revision_states(self.deployments.values(), self._pods())
+
+    def _pods(self) -> list[dict[str, Any]]:
+        pods = list(self.pods.values())
+        if not self.forgive_surplus:
+            return pods
+        wanted = {
+            name: (d.get("spec") or {}).get("replicas", 0) for name, d in self.deployments.items()
+        }
+        kept: list[dict[str, Any]] = []
+        live: dict[str, int] = {}
+        for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+            labels = labels_of(p)
+            role = cast(Role, labels.get(v.LABEL_ROLE))
+            workload = names.workload(self.name, labels.get(v.LABEL_REVISION, ""), role)
+            if not is_terminating(p) and workload in wanted:
+                live[workload] = live.get(workload, 0) + 1
+                if live[workload] > wanted[workload]:
+                    continue
+            kept.append(p)
+        return kept
 
     def _check(self, label: str) -> None:
         if self.monitor.target is None:
@@ -378,7 +415,7 @@ class RolloutWatcher:
             for p in self.pods.values()
             if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
-        listed = listed_engines(self.pods.values())
+        listed = listed_engines(self._pods())
         moment = Moment(time.time(), self._states(), terminating, label, listed)
         self.violations += self.monitor.check(moment)
         pods = list(self.pods.values())

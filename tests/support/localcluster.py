@@ -389,6 +389,33 @@ class LocalCluster:
         if self.state_file.exists():
             self._save_state(pids={})
 
+    def kill(self, *names: str) -> None:
+        """SIGKILL components (and their children), as a crash or a node loss would."""
+        for name in names:
+            proc = self._process(name)
+            if proc is None:
+                continue
+            family = [proc, *_children(proc)]
+            for member in family:
+                with contextlib.suppress(psutil.Error):
+                    member.kill()
+            psutil.wait_procs(family, timeout=10)
+        pids = self.load_state().get("pids", {})
+        self._save_state(pids={k: pid for k, pid in pids.items() if k not in names})
+
+    def restart(self, *names: str, timeout: float = 60) -> None:
+        """Start killed components again, on their ports and data, in the order given; waits for
+        etcd's health and the API server's readiness."""
+        self._ports = self._ports or dict(self.load_state()["ports"])
+        args = {"etcd": self._etcd_args, "kube-apiserver": self._apiserver_args}
+        ready = {"etcd": self._etcd_healthy, "kube-apiserver": self._apiserver_ready}
+        deadline = time.monotonic() + timeout
+        for name in names:
+            if self._process(name) is not None:
+                raise ClusterError(f"{name} is still running")
+            self._spawn(name, args[name]())
+            self._wait(f"{name} back", ready[name], deadline)
+
     def running_pids(self) -> dict[str, int]:
         return {name: p.pid for name in COMPONENTS if (p := self._process(name)) is not None}
 
@@ -570,6 +597,10 @@ class LocalCluster:
             f"--cluster-signing-cert-file={self.pki / 'ca.crt'}",
             f"--cluster-signing-key-file={self.pki / 'ca.key'}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # A control-plane outage the tests cause (tests/cluster/test_recovery.py) must not
+            # become a node failure too: KWOK's leases go unrenewed while the API server is down,
+            # and the node lifecycle controller would then mark every pod unready.
+            "--node-monitor-grace-period=3m",
         ]
 
     def _scheduler_args(self) -> list[str]:
