@@ -54,17 +54,26 @@ Default signals, and why:
   token rate; ITL is the latency a user feels. The ITL target must sit above an idle engine's
   ITL, or the signal asks for maxReplicas forever.
 
-MTP-aware decode sizing. With speculative decoding a forward step of a running request emits
-`1 + a` tokens, `a` being the measured acceptance length (accepted tokens per draft, the deltas of
-vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts between two scrapes, summed
-over the role's Ready pods). A step costs the same whatever is accepted (it verifies every draft),
-so the concurrency a pod carries at a given per-request token rate scales with `1 + a`. The
-`runningRequestsPerPod` target is the concurrency at the policy's `expected_acceptance_length`;
-the effective target is `target * (1 + a_observed) / (1 + a_expected)`. When acceptance drops at
-the same load, the effective target drops and the recommendation rises at once, before the longer
-generations it causes have even filled the batches (Little's law makes the running count rise too,
-later). KV usage is not scaled (the cache a request holds does not depend on acceptance) and ITL
-is already measured as the user sees it. Without drafts in the window the expected value is used.
+MTP-aware decode sizing: the `decodeTokensPerSecondPerPod` signal (decode, with MTP). With
+speculative decoding a forward step of a running request emits `1 + a` tokens, `a` being the
+measured acceptance length: accepted tokens per draft, the deltas of
+vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts between two scrapes, over the
+role's Ready pods. A step costs the same whatever is accepted (it verifies every drafted token),
+so a pod's token capacity is proportional to `1 + a`. The target is the tokens per second a pod
+sustains at the policy's `expected_acceptance_length` (from a benchmark); the effective target is
+`target * (1 + a_observed) / (1 + a_expected)`, and the observed value is the tokens the pods
+emit per second (delta accepted + delta drafts, per pod). Equivalently it compares request-steps
+per second (one draft per running request per step) with the pod's step capacity: the demand in
+tokens is the users', the steps it takes depend on acceptance. At the same request rate a drop in
+acceptance leaves the token rate where it is and shrinks the target, so the recommendation rises
+by exactly `(1 + a_expected) / (1 + a_observed)`, at the next evaluation. Served tokens equal
+the demand while the pods keep up; once they cannot, the queue, running and KV signals show the
+excess (a saturated signal reads about its target, as CPU utilisation does for HPA).
+The alternative, scaling the runningRequestsPerPod target by the same factor, was rejected: at
+the same request rate the running count already rises by that factor (Little's law: requests
+need more steps when fewer drafts are accepted, so they stay longer), so it would count the drop
+twice and over-provision by the square. runningRequestsPerPod and kvCacheUsage stay unadjusted;
+they react to a drop through Little's law on their own, and the largest vote wins.
 """
 
 from __future__ import annotations
@@ -130,6 +139,7 @@ class Signal(StrEnum):
     KV_CACHE_USAGE = "kvCacheUsage"
     RUNNING_PER_POD = "runningRequestsPerPod"
     INTER_TOKEN_LATENCY = "interTokenLatencySeconds"
+    DECODE_TOKENS_PER_POD = "decodeTokensPerSecondPerPod"
 
 
 # Per-pod gauges: the role's value is their mean over the reporting pods.
@@ -194,8 +204,8 @@ class RolePolicy:
     tolerance: float = 0.1
     """No signal moves the count while observed/target is within 1 +- tolerance."""
     expected_acceptance_length: float | None = None
-    """Accepted tokens per draft the runningRequestsPerPod target was set at (MTP); None: the
-    target is not adjusted for acceptance."""
+    """Accepted tokens per draft at which the decodeTokensPerSecondPerPod target was measured
+    (MTP); that signal needs it."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_replicas <= self.max_replicas:
@@ -206,6 +216,8 @@ class RolePolicy:
             raise ValueError("tolerance must be in [0, 1)")
         if self.expected_acceptance_length is not None and self.expected_acceptance_length < 0:
             raise ValueError("expected_acceptance_length must be >= 0")
+        if Signal.DECODE_TOKENS_PER_POD in self.targets and self.expected_acceptance_length is None:
+            raise ValueError(f"{Signal.DECODE_TOKENS_PER_POD} needs expected_acceptance_length")
 
 
 @dataclass(frozen=True)
@@ -252,9 +264,30 @@ DEFAULT_TARGETS: PerRole[Mapping[Signal, float]] = PerRole(
 benchmark); the choice of signals is argued in the module docstring."""
 
 
-def default_role_policy(role: Role, min_replicas: int = 1, max_replicas: int = 8) -> RolePolicy:
-    """The role's default signals and behaviour (change fields with dataclasses.replace)."""
-    return RolePolicy(min_replicas, max_replicas, dict(DEFAULT_TARGETS[role]))
+DEFAULT_DECODE_TOKENS_PER_POD = 2000.0
+"""Decode tokens per second one pod sustains at the expected acceptance: a placeholder to
+replace with the benchmark's figure."""
+
+
+def default_role_policy(
+    role: Role,
+    min_replicas: int = 1,
+    max_replicas: int = 8,
+    expected_acceptance_length: float | None = None,
+) -> RolePolicy:
+    """The role's default signals and behaviour (change fields with dataclasses.replace).
+
+    A decode with MTP (`expected_acceptance_length` given) also gets decodeTokensPerSecondPerPod.
+    """
+    targets = dict(DEFAULT_TARGETS[role])
+    if role is Role.DECODE and expected_acceptance_length is not None:
+        targets[Signal.DECODE_TOKENS_PER_POD] = DEFAULT_DECODE_TOKENS_PER_POD
+    return RolePolicy(
+        min_replicas,
+        max_replicas,
+        targets,
+        expected_acceptance_length=expected_acceptance_length,
+    )
 
 
 def default_policy(ratio: RatioBand | None = None) -> AutoscalingPolicy:
@@ -313,7 +346,7 @@ class Coverage(StrEnum):
 class SignalReading:
     signal: Signal
     target: float
-    """The target used (for runningRequestsPerPod, after the MTP adjustment)."""
+    """The target used (for decodeTokensPerSecondPerPod, after the MTP adjustment)."""
     value: float | None
     desired: int | None
     """The count this signal asks for; None when it does not vote."""
@@ -331,7 +364,7 @@ class Acceptance:
     observed: float | None
     """Accepted tokens per draft; None when no draft was made in the window."""
     capacity_factor: float
-    """(1 + observed) / (1 + expected): the running-requests target is multiplied by this."""
+    """(1 + observed) / (1 + expected): the decode-tokens target is multiplied by this."""
 
 
 @dataclass(frozen=True)
@@ -543,7 +576,7 @@ def _read(
     current: int,
     quorum: float,
 ) -> SignalReading:
-    if signal is Signal.RUNNING_PER_POD and acceptance is not None:
+    if signal is Signal.DECODE_TOKENS_PER_POD and acceptance is not None:
         target = target * acceptance.capacity_factor
     value, reporting = _observe(signal, fresh)
     if ready == 0 or reporting == 0:
@@ -582,6 +615,8 @@ def _observe(signal: Signal, fresh: Sequence[PodObservation]) -> tuple[float | N
             v for pod in fresh if pod.latest is not None and (v := gauge(pod.latest)) is not None
         ]
         return (sum(values) / len(values) if values else None), len(values)
+    if signal is Signal.DECODE_TOKENS_PER_POD:
+        return _decode_tokens_per_pod(fresh)
     histogram = _WINDOWED[signal]
     total = count = 0.0
     reporting = 0
@@ -602,6 +637,24 @@ def _observe(signal: Signal, fresh: Sequence[PodObservation]) -> tuple[float | N
     return (total / count if count > 0 else None), reporting
 
 
+def _decode_tokens_per_pod(fresh: Sequence[PodObservation]) -> tuple[float | None, int]:
+    """Mean tokens per second per pod (accepted + one per draft) between the two scrapes."""
+    rates = []
+    for pod in fresh:
+        latest, previous = pod.latest, pod.previous
+        if latest is None or previous is None or previous.at >= latest.at:
+            continue
+        accepted = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
+        drafts = _counter_delta(latest.drafts, previous.drafts)
+        if accepted is None or drafts is None:
+            continue
+        rates.append((accepted + drafts) / (latest.at - previous.at))
+    if not rates:
+        return None, 0
+    # No token in the window (an idle decode): reported, but nothing to judge capacity by.
+    return (sum(rates) / len(rates) if any(rates) else None), len(rates)
+
+
 def _describe_vote(
     deciding: SignalReading | None,
     readings: Sequence[SignalReading],
@@ -612,7 +665,7 @@ def _describe_vote(
     if deciding is None or deciding.value is None:
         return "no signal voted (" + ", ".join(f"{r.signal} {r.coverage}" for r in readings) + ")"
     text = f"{deciding.signal} {deciding.value:.3g} vs target {deciding.target:.3g}"
-    if deciding.signal is Signal.RUNNING_PER_POD and acceptance is not None:
+    if deciding.signal is Signal.DECODE_TOKENS_PER_POD and acceptance is not None:
         if acceptance.observed is None:
             text += " (no MTP drafts in the window: expected acceptance assumed)"
         else:
