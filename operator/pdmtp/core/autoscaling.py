@@ -16,8 +16,9 @@ Per role, in this order (each step names itself in the reason when it changed th
 2. Recommendation: the largest vote, and the signal that cast it decides.
 3. Missing data holds. A Ready pod without a fresh scrape (older than `staleness_seconds`) or
    without the metric makes its signal incomplete; an incomplete signal may still ask for more
-   pods on what it has, but the role is not scaled down until a quorum of its Ready pods report
-   every configured signal again.
+   pods on what it has (counting the silent pods as idle, so it never over-asks), but the role is
+   not scaled down until a quorum of its Ready pods report every configured signal again. A
+   windowed signal with no request in the window is quiet, not missing: an idle role may shrink.
 4. Stabilisation, as HPA's `behavior`: the count used is the lowest recommendation of the
    scale-up window (a short spike does not buy pods) and the highest of the scale-down window (a
    dip does not give them back).
