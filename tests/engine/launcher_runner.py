@@ -8,7 +8,9 @@ tests keep theirs unset, like an engine's scheduler that never touches the devic
 
 scenarios: {"name": {"argv": [...], "env": {...}}, ...}
 results:   {"name": {"exit_code": int, "exec": [program, argv] | null,
-                    "termination_message": str | null}, ...}
+                    "started": [command, ...], "termination_message": str | null}, ...}
+("started": what the launcher would have started beside vLLM, the metrics-only listener;
+recorded, never run, as the exec is.)
 """
 
 from __future__ import annotations
@@ -32,13 +34,18 @@ def run_scenario(argv: list[str], env: dict[str, str], scratch: Path) -> dict[st
         if name not in env:
             environ.pop(name, None)
     executed: list[tuple[str, list[str]]] = []
+    started: list[list[str]] = []
     exit_code = launcher.main(
-        argv, environ=environ, exec_program=lambda program, args: executed.append((program, args))
+        argv,
+        environ=environ,
+        exec_program=lambda program, args: executed.append((program, args)),
+        start_program=started.append,
     )
     return {
         "exit_code": exit_code,
         "exec": list(executed[0]) if executed else None,
         "exec_count": len(executed),
+        "started": started,
         "termination_message": (termination_log.read_text() if termination_log.exists() else None),
     }
 

@@ -320,6 +320,24 @@ def test_operator_rendering_pins_lookahead_and_backoff(runs: Runs) -> None:
         assert env[vocabulary.ENV_EXPECTED_BACKOFF] == "2"
 
 
+def test_operator_rendering_starts_the_metrics_only_listener_beside_vllm(runs: Runs) -> None:
+    for name in ("operator_prefill", "operator_decode"):
+        (relay,) = runs.batch[name]["started"]
+        port = str(vocabulary.ENGINE_METRICS_PORT)
+        upstream = f"http://127.0.0.1:{vocabulary.ENGINE_HTTP_PORT}/metrics"
+        assert relay[1:] == [
+            "-m",
+            "pdmtp_engine.metrics_relay",
+            "--port",
+            port,
+            "--upstream",
+            upstream,
+        ]
+    # Refused: nothing started. Not asked for (no PDMTP_METRICS_PORT): nothing started.
+    assert runs.batch["operator_understates_mtp_modules"]["started"] == []
+    assert runs.batch["prefill_matches"]["started"] == []
+
+
 def test_single_module_checkpoint_refused(runs: Runs) -> None:
     assert_refused(
         runs,
