@@ -325,9 +325,11 @@ def test_operator_rendering_starts_the_metrics_only_listener_beside_vllm(runs: R
         (relay,) = runs.batch[name]["started"]
         port = str(vocabulary.ENGINE_METRICS_PORT)
         upstream = f"http://127.0.0.1:{vocabulary.ENGINE_HTTP_PORT}/metrics"
+        relay_module = ["-m", "pdmtp_engine.metrics_relay"]
         assert relay[1:] == [
-            "-m",
-            "pdmtp_engine.metrics_relay",
+            *relay_module,
+            "--host",
+            "0.0.0.0",
             "--port",
             port,
             "--upstream",

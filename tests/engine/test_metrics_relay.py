@@ -90,8 +90,16 @@ def test_launcher_starts_the_relay_on_the_pods_port_against_vllms() -> None:
     serve = ["vllm", "serve", "/models/x", "--host", "0.0.0.0", "--port", "8100"]
     relay = launcher.metrics_relay_command(serve, {launcher.ENV_METRICS_PORT: "29100"})
     assert relay is not None and relay[1:3] == ["-m", "pdmtp_engine.metrics_relay"]
-    assert relay[3:] == ["--port", "29100", "--upstream", "http://127.0.0.1:8100/metrics"]
+    upstream = "http://127.0.0.1:8100/metrics"
+    assert relay[3:] == ["--host", "0.0.0.0", "--port", "29100", "--upstream", upstream]
     assert launcher.metrics_relay_command(serve, {}) is None
+    # Where vLLM listens (a loopback-only test host binds 127.0.0.1), its default host otherwise.
+    local = launcher.metrics_relay_command(
+        [*serve, "--host=127.0.0.1"], {"PDMTP_METRICS_PORT": "1"}
+    )
+    assert local is not None and local[3:5] == ["--host", "127.0.0.1"]
+    bare = launcher.metrics_relay_command(["vllm", "serve", "m"], {"PDMTP_METRICS_PORT": "1"})
+    assert bare is not None and bare[3:5] == ["--host", "0.0.0.0"]
     assert launcher.api_port(["vllm", "serve", "m"]) == launcher.VLLM_DEFAULT_PORT
     assert launcher.api_port(["vllm", "serve", "m", "--port=9000"]) == 9000
 

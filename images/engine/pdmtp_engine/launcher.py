@@ -261,32 +261,33 @@ def verify(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], 
     return command, facts
 
 
-def api_port(command: Sequence[str]) -> int:
-    """The port `vllm serve` listens on: the last --port (argparse's rule), else vLLM's default."""
-    port = VLLM_DEFAULT_PORT
+def _last_flag(command: Sequence[str], flag: str) -> str | None:
+    """The value of the last `flag V` or `flag=V` (argparse's rule: the last one wins)."""
+    value = None
     for i, arg in enumerate(command):
-        if arg == "--port" and i + 1 < len(command):
-            port = int(command[i + 1])
-        elif arg.startswith("--port="):
-            port = int(arg.removeprefix("--port="))
-    return port
+        if arg == flag and i + 1 < len(command):
+            value = command[i + 1]
+        elif arg.startswith(f"{flag}="):
+            value = arg.removeprefix(f"{flag}=")
+    return value
+
+
+def api_port(command: Sequence[str]) -> int:
+    """The port `vllm serve` listens on: its --port, else vLLM's default."""
+    port = _last_flag(command, "--port")
+    return VLLM_DEFAULT_PORT if port is None else int(port)
 
 
 def metrics_relay_command(command: Sequence[str], environ: Mapping[str, str]) -> list[str] | None:
-    """The metrics-only listener to start beside vLLM, or None when the pod asks for none."""
+    """The metrics-only listener to start beside vLLM, or None when the pod asks for none. It
+    listens where vLLM does (`--host`, 0.0.0.0 in a pod) and asks vLLM on loopback."""
     port = environ.get(ENV_METRICS_PORT, "").strip()
     if not port:
         return None
     upstream = f"http://127.0.0.1:{api_port(command)}/metrics"
-    return [
-        sys.executable,
-        "-m",
-        "pdmtp_engine.metrics_relay",
-        "--port",
-        port,
-        "--upstream",
-        upstream,
-    ]
+    host = _last_flag(command, "--host") or "0.0.0.0"
+    relay = [sys.executable, "-m", "pdmtp_engine.metrics_relay"]
+    return [*relay, "--host", host, "--port", port, "--upstream", upstream]
 
 
 def main(
