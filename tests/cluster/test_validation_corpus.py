@@ -149,6 +149,11 @@ CASES = [
         "spec.kvTransfer.deviceNames must list the RDMA devices",
         exit_code=1,
     ),
+    Case(
+        "bootstrap port on the engine's metrics port",
+        setter("spec.kvTransfer", {"protocol": "tcp", "bootstrapPort": 29100}),
+        "spec.kvTransfer.bootstrapPort must differ from the engine's own ports",
+    ),
     Case("unknown field", setter("spec.prefill.replica", 2)),
     Case("replicas 0", setter("spec.decode.replicas", 0)),
     Case("block size not in the enum", setter("spec.engine.blockSize", 17)),

@@ -277,6 +277,14 @@ class SpeculativeSpec(Model):
     )
 
 
+_ENGINE_PORTS = (v.ENGINE_HTTP_PORT, v.ENGINE_METRICS_PORT)
+BOOTSTRAP_PORT_RULE = Rule(
+    " && ".join(f"self != {port}" for port in _ENGINE_PORTS),
+    "spec.kvTransfer.bootstrapPort must differ from the engine's own ports "
+    f"({v.ENGINE_HTTP_PORT} HTTP, {v.ENGINE_METRICS_PORT} metrics)",
+    holds=lambda port: port not in _ENGINE_PORTS,
+)
+
 RDMA_DEVICES_RULE = Rule(
     "self.protocol != 'rdma' || size(self.deviceNames) > 0",
     "spec.kvTransfer.deviceNames must list the RDMA devices (e.g. [mlx5_0]) when "
@@ -303,7 +311,7 @@ class KVTransferSpec(Model):
         max_length=16,
         description="RDMA device names (`mooncake_device_name`), e.g. mlx5_0. Required for rdma.",
     )
-    bootstrap_port: int = Field(
+    bootstrap_port: Annotated[int, Checked(BOOTSTRAP_PORT_RULE)] = Field(
         default=v.DEFAULT_BOOTSTRAP_PORT,
         ge=1024,
         le=65535,
