@@ -35,6 +35,8 @@ from loopback import LOOPBACK
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 ROLE_LABEL: Final = "pdmtp.io/role"
 BOOTSTRAP_ANNOTATION: Final = "pdmtp.io/bootstrap-port"
+METRICS_PORT_ENV: Final = "PDMTP_METRICS_PORT"
+"""pdmtp.api.vocabulary.ENV_METRICS_PORT (this tier's venv has no pdmtp to import it from)."""
 ENGINE_ROLES: Final = ("prefill", "decode")
 
 ENV_OPERATOR_PYTHON: Final = "PDMTP_OPERATOR_PYTHON"
@@ -182,6 +184,10 @@ def on_one_host(
             raise RenderingChanged(f"env {var['name']} comes from {var.get('valueFrom')}")
     if env.get("VLLM_HOST_IP") != LOOPBACK:
         raise RenderingChanged("VLLM_HOST_IP is not taken from the pod IP")
+    # Both engines share one host here, so their metrics-only listeners would share a port: the
+    # listener is left out (the engine and images tiers test it), the engine itself is not.
+    if env.pop(METRICS_PORT_ENV, None) is not None:
+        substituted.append(f"{METRICS_PORT_ENV} dropped (one host: no metrics-only listener)")
 
     used_bootstrap: int | None = None
     if role == "prefill":
