@@ -11,12 +11,13 @@ stuck process restarted rather than left running idle.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from aiohttp import web
 
 GRACE_SECONDS = 120.0
+Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 @dataclass(frozen=True)
@@ -82,18 +83,21 @@ def assess(
 def app(judge: Callable[[], Health]) -> web.Application:
     """`/healthz` answers 500 when not live, `/readyz` 503 when not ready; both JSON."""
 
-    async def healthz(_: web.Request) -> web.Response:
-        health = judge()
-        status = 200 if health.live else 500
-        return web.Response(status=status, text=health.body(), content_type="application/json")
+    def endpoint(passes: Callable[[Health], bool], failed: int) -> Handler:
+        async def answer(_: web.Request) -> web.Response:
+            health = judge()
+            status = 200 if passes(health) else failed
+            return web.Response(status=status, text=health.body(), content_type="application/json")
 
-    async def readyz(_: web.Request) -> web.Response:
-        health = judge()
-        status = 200 if health.ready else 503
-        return web.Response(status=status, text=health.body(), content_type="application/json")
+        return answer
 
     application = web.Application()
-    application.add_routes([web.get("/healthz", healthz), web.get("/readyz", readyz)])
+    application.add_routes(
+        [
+            web.get("/healthz", endpoint(lambda h: h.live, 500)),
+            web.get("/readyz", endpoint(lambda h: h.ready, 503)),
+        ]
+    )
     return application
 
 

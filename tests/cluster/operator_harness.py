@@ -27,6 +27,7 @@ from typing import Any, cast
 from builders import PDDBuilder
 from cluster.kubehelpers import wait_for
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 from loopback import free_ports
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
@@ -43,6 +44,7 @@ from pdmtp.core.observe import (
 )
 from pdmtp.core.planner import Policy, RevisionState
 from pdmtp.core.revision import target_and_policy
+from pdmtp.webhook import MANAGED_CONFIGURATION
 
 CUSTOM = (v.GROUP, v.VERSION)
 
@@ -202,6 +204,18 @@ class OperatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+def delete_webhook_configuration(api: client.ApiClient) -> None:
+    """Remove the ValidatingWebhookConfiguration a `--webhook-manage` operator kept (if any):
+    it would point later tests' applies at a port nobody serves."""
+    try:
+        client.AdmissionregistrationV1Api(api).delete_validating_webhook_configuration(
+            MANAGED_CONFIGURATION
+        )
+    except ApiException as e:
+        if e.status != 404:
+            raise
 
 
 def get_pdd(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -21,8 +21,7 @@ import yaml
 from cluster.kubehelpers import Cluster, wait_for
 from cluster.pod_corpus import CASES, Case, doc
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-from operator_harness import OperatorProcess
+from operator_harness import OperatorProcess, delete_webhook_configuration
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
@@ -132,11 +131,7 @@ def webhook(
     finally:
         op.stop()
         print("---- operator log ----\n" + op.log_tail(80))
-        try:
-            admission.delete_validating_webhook_configuration(MANAGED_CONFIGURATION)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        delete_webhook_configuration(cluster.api_client)
 
 
 @pytest.mark.parametrize("case", WEBHOOK + ACCEPTED, ids=ids(WEBHOOK + ACCEPTED))

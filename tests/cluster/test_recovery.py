@@ -21,6 +21,7 @@ from operator_harness import (
     OperatorProcess,
     RolloutWatcher,
     create_pdd,
+    delete_webhook_configuration,
     get_pdd,
     objects_dump,
     patch_spec,
@@ -30,7 +31,6 @@ from operator_harness import (
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
 from pdmtp.core.revision import compat_revision, target_and_policy
-from pdmtp.webhook import MANAGED_CONFIGURATION
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
@@ -228,7 +228,6 @@ def test_a_webhook_whose_crd_came_late_admits_or_the_operator_asks_for_a_restart
         webhook=True,
         extra_args=["--unwatched-grace-seconds", str(grace)],
     )
-    admission = client.AdmissionregistrationV1Api(local.api_client)
     custom = client.CustomObjectsApi(local.api_client)
     op.start()
     try:
@@ -267,8 +266,4 @@ def test_a_webhook_whose_crd_came_late_admits_or_the_operator_asks_for_a_restart
         assert "denied the request" in body, body
     finally:
         op.stop()
-        try:
-            admission.delete_validating_webhook_configuration(MANAGED_CONFIGURATION)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        delete_webhook_configuration(local.api_client)

@@ -11,7 +11,7 @@ from builders import pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from operator_harness import OperatorProcess, create_pdd
+from operator_harness import OperatorProcess, create_pdd, delete_webhook_configuration
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 
@@ -37,11 +37,7 @@ def webhook_operator(
     finally:
         op.stop()
         print("---- operator log ----\n" + op.log_tail(80))
-        try:
-            admission.delete_validating_webhook_configuration(MANAGED_CONFIGURATION)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+        delete_webhook_configuration(cluster.api_client)
 
 
 def test_incompatible_spec_is_refused_at_admission(

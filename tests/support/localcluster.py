@@ -374,34 +374,33 @@ class LocalCluster:
         Logs stay in the state dir for post-mortems.
         """
         for name in reversed(COMPONENTS):
-            proc = self._process(name)
-            if proc is None:
-                continue
-            family = [proc, *_children(proc)]
-            for member in family:
-                with contextlib.suppress(psutil.Error):
-                    member.terminate()
-            _, alive = psutil.wait_procs(family, timeout=grace)
-            for member in alive:
-                with contextlib.suppress(psutil.Error):
-                    member.kill()
-            psutil.wait_procs(alive, timeout=5)
+            self._end(name, grace)
         if self.state_file.exists():
             self._save_state(pids={})
 
     def kill(self, *names: str) -> None:
         """SIGKILL components (and their children), as a crash or a node loss would."""
         for name in names:
-            proc = self._process(name)
-            if proc is None:
-                continue
-            family = [proc, *_children(proc)]
-            for member in family:
-                with contextlib.suppress(psutil.Error):
-                    member.kill()
-            psutil.wait_procs(family, timeout=10)
+            self._end(name, grace=None)
         pids = self.load_state().get("pids", {})
         self._save_state(pids={k: pid for k, pid in pids.items() if k not in names})
+
+    def _end(self, name: str, grace: float | None) -> None:
+        """SIGTERM component `name` and its children, SIGKILL what outlives `grace` (None: at
+        once)."""
+        proc = self._process(name)
+        if proc is None:
+            return
+        alive = [proc, *_children(proc)]
+        if grace is not None:
+            for member in alive:
+                with contextlib.suppress(psutil.Error):
+                    member.terminate()
+            _, alive = psutil.wait_procs(alive, timeout=grace)
+        for member in alive:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+        psutil.wait_procs(alive, timeout=10)
 
     def restart(self, *names: str, timeout: float = 60) -> None:
         """Start killed components again, on their ports and data, in the order given; waits for

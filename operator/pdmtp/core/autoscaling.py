@@ -80,7 +80,7 @@ they react to a drop through Little's law on their own, and the largest vote win
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
@@ -538,20 +538,27 @@ def _vote_strength(reading: SignalReading) -> tuple[int, float]:
     return (reading.desired or 0, ratio)
 
 
+def _spec_decode_deltas(
+    fresh: Sequence[PodObservation],
+) -> Iterator[tuple[float, float, float]]:
+    """Per pod with two usable scrapes: accepted tokens, drafts, and the seconds between them."""
+    for pod in fresh:
+        latest, previous = pod.latest, pod.previous
+        if latest is None or previous is None or previous.at >= latest.at:
+            continue
+        accepted = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
+        drafts = _counter_delta(latest.drafts, previous.drafts)
+        if accepted is not None and drafts is not None:
+            yield accepted, drafts, latest.at - previous.at
+
+
 def _acceptance(rules: RolePolicy, fresh: Sequence[PodObservation]) -> Acceptance | None:
     """Measured accepted tokens per draft over the window, and the capacity factor it implies."""
     expected = rules.expected_acceptance_length
     if expected is None:
         return None
     accepted = drafts = 0.0
-    for pod in fresh:
-        latest, previous = pod.latest, pod.previous
-        if latest is None or previous is None or previous.at >= latest.at:
-            continue
-        accepted_delta = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
-        drafts_delta = _counter_delta(latest.drafts, previous.drafts)
-        if accepted_delta is None or drafts_delta is None:
-            continue
+    for accepted_delta, drafts_delta, _ in _spec_decode_deltas(fresh):
         accepted += accepted_delta
         drafts += drafts_delta
     if drafts <= 0:
@@ -640,16 +647,9 @@ def _observe(signal: Signal, fresh: Sequence[PodObservation]) -> tuple[float | N
 
 def _decode_tokens_per_pod(fresh: Sequence[PodObservation]) -> tuple[float | None, int]:
     """Mean tokens per second per pod (accepted + one per draft) between the two scrapes."""
-    rates = []
-    for pod in fresh:
-        latest, previous = pod.latest, pod.previous
-        if latest is None or previous is None or previous.at >= latest.at:
-            continue
-        accepted = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
-        drafts = _counter_delta(latest.drafts, previous.drafts)
-        if accepted is None or drafts is None:
-            continue
-        rates.append((accepted + drafts) / (latest.at - previous.at))
+    rates = [
+        (accepted + drafts) / seconds for accepted, drafts, seconds in _spec_decode_deltas(fresh)
+    ]
     if not rates:
         return None, 0
     # No token in the window (an idle decode): reported, but nothing to judge capacity by.
