@@ -18,6 +18,14 @@ KV transfer (opt-in, `pull_kv=True` on the decode): a prefill asked with
 the transfer from that rank's worker address. Any mismatch (no such engine id, no such transfer)
 fails the request with a 500, as a failed KV load would, and the decode answers with the
 provenance of the KV it used, so a client can tell which prefill, of which revision, fed it.
+
+Load (scheduler.py): a generation request queues for one of the engine's `max_running` slots,
+then computes its first token (a prefill, or one step after a remote prefill) and decodes the
+rest of its max_tokens in steps that, with MTP, emit the accepted draft tokens too. `/metrics`
+serves the gauges, histograms and spec-decode counters that this produces, in vLLM 0.33.0's
+names. `GET /emulator/config` shows the knobs (`Tuning`), `POST /emulator/config` with a JSON
+object of some of them changes them while the engine serves (`configure` in-process); the pod's
+env sets them at start (`PDMTP_EMULATOR_*`, see serve.py).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
+
+from pdmtp_emulator.scheduler import Scheduler, Tuning, label_set, max_tokens_of
 
 Role = Literal["prefill", "decode"]
 FailMode = Literal["status", "drop", "slow"]
@@ -139,8 +149,10 @@ class EngineEmulator:
     metrics_port: int | None = None
     """A metrics-only listener (GET /metrics, nothing else), as the engine image's launcher
     serves on PDMTP_METRICS_PORT; None: only the API port's /metrics, as vLLM alone."""
+    tuning: Tuning = field(default_factory=Tuning)
+    """Capacity, step times and MTP acceptance; change them with `configure`."""
     generation_count: int = 0
-    running: int = 0
+    scheduler: Scheduler = field(init=False)
 
     _kv: OrderedDict[str, tuple[float, KVRecord]] = field(default_factory=OrderedDict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -148,6 +160,9 @@ class EngineEmulator:
     _runners: list[web.AppRunner] = field(default_factory=list)
     _session: aiohttp.ClientSession | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -171,9 +186,11 @@ class EngineEmulator:
         self._loop = None
 
     def restart(self) -> None:
-        """Stop and serve again on the same ports with new engine ids, like a restarted vLLM."""
+        """Stop and serve again on the same ports with new engine ids and metrics from zero,
+        like a restarted vLLM."""
         self._call(self.shutdown())
         self.engine_ids = []
+        self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
         self._call(self.serve())
 
     def __enter__(self) -> EngineEmulator:
@@ -212,6 +229,32 @@ class EngineEmulator:
     def heal(self) -> None:
         self.failure = None
 
+    @property
+    def running(self) -> int:
+        return self.scheduler.running
+
+    @property
+    def waiting(self) -> int:
+        return self.scheduler.waiting
+
+    def configure(self, **changes: Any) -> Tuning:
+        """Change the knobs while serving (as `POST /emulator/config`); ValueError if invalid."""
+        tuning = self.tuning.updated(changes)
+        if self._loop is None:
+            self._apply(tuning)
+        else:
+            loop = self._loop
+
+            async def apply() -> None:
+                self._apply(tuning)
+
+            asyncio.run_coroutine_threadsafe(apply(), loop).result(timeout=10)
+        return tuning
+
+    def _apply(self, tuning: Tuning) -> None:
+        self.tuning = tuning
+        self.scheduler.configure(tuning)
+
     # ---- serving (also the pod's main coroutine, see serve.py) -----------------------------
 
     def _call(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -230,6 +273,8 @@ class EngineEmulator:
         app.router.add_get("/pdmtp/identity", self._identity)
         app.router.add_get("/pdmtp/decodes", self._decodes)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/emulator/config", self._get_config)
+        app.router.add_post("/emulator/config", self._post_config)
         # Anything else the router might probe is recorded and answered 404, so a test sees it.
         app.router.add_route("*", "/{tail:.*}", self._unknown)
         self.http_port = await self._listen(app, self.http_port)
@@ -371,27 +416,45 @@ class EngineEmulator:
         )
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        """A few of vLLM's Prometheus series, in its text format."""
-        labels = f'{{model_name="{MODEL}",engine="0"}}'
-        lines = [
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{labels} {self.running}",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{labels} 0",
+        """vLLM's scaling metrics from this engine's real load (scheduler.py), in the Prometheus
+        text format, with vLLM's `model_name` and `engine` labels."""
+        labels = {"model_name": MODEL, "engine": "0"}
+        lines = self.scheduler.metric_lines(labels)
+        lines += [
+            "# HELP pdmtp_emulator_generation_requests_total Generation requests received.",
             "# TYPE pdmtp_emulator_generation_requests_total counter",
-            f"pdmtp_emulator_generation_requests_total{labels} {self.generation_count}",
+            f"pdmtp_emulator_generation_requests_total{label_set(labels)} {self.generation_count}",
         ]
         return web.Response(
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
         )
 
+    def _config_body(self) -> dict[str, Any]:
+        return {
+            **self.tuning.as_dict(),
+            "speculative_tokens": self.scheduler.k,
+            "running": self.scheduler.running,
+            "waiting": self.scheduler.waiting,
+        }
+
+    async def _get_config(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self._config_body())
+
+    async def _post_config(self, request: web.Request) -> web.StreamResponse:
+        """Change some knobs at once (all or none): `{"acceptance_rate": 0.3}`; 400 if invalid."""
+        try:
+            changes = await request.json()
+            if not isinstance(changes, dict):
+                raise ValueError("the body must be a JSON object of settings")
+            tuning = self.tuning.updated(changes)
+        except ValueError as exc:  # json.JSONDecodeError is one
+            return web.json_response({"error": str(exc)}, status=400)
+        self._apply(tuning)
+        return web.json_response(self._config_body())
+
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.generation_count += 1
-        self.running += 1
-        try:
-            return await self._answer(request)
-        finally:
-            self.running -= 1
+        return await self._answer(request)
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         rec = await self._record(request)
@@ -418,31 +481,40 @@ class EngineEmulator:
         params = body.get("kv_transfer_params") or {}
         chat = request.path == "/v1/chat/completions"
         text = self.output_text()
+        remote_prefill = self.role == "decode" and bool(params.get("do_remote_prefill"))
         if self.role == "prefill" and params.get("do_remote_decode") and params.get("transfer_id"):
+            # Kept on arrival, not once computed: a decode that asks early finds it (a Mooncake
+            # decoder waits for its KV; this stand-in has nothing to wait on).
             prompt = json.dumps(body.get("messages") if chat else body.get("prompt"))
             self._keep_kv(
                 KVRecord(str(params["transfer_id"]), self.engine_id, self.identity, prompt)
             )
-        elif self.role == "decode" and self.pull_kv and params.get("do_remote_prefill"):
-            try:
-                used = await self._pull_kv(params)
-            except (TimeoutError, KVPullError, aiohttp.ClientError, KeyError) as exc:
-                error = {"object": "error", "message": f"KV load failed: {exc}", "code": 500}
-                return web.json_response(error, status=500)
-            with self._lock:
-                self.decodes.append(used)
-            text = json.dumps({"kv": asdict(used)}, sort_keys=True)
+        max_tokens = max_tokens_of(body)
+        async with self.scheduler.admit() as run:
+            if remote_prefill and self.pull_kv:
+                try:
+                    used = await self._pull_kv(params)
+                except (TimeoutError, KVPullError, aiohttp.ClientError, KeyError) as exc:
+                    error = {"object": "error", "message": f"KV load failed: {exc}", "code": 500}
+                    return web.json_response(error, status=500)
+                with self._lock:
+                    self.decodes.append(used)
+                text = json.dumps({"kv": asdict(used)}, sort_keys=True)
+            await run.first_token(prefilled_elsewhere=remote_prefill)
+            await run.decode(max_tokens)
         if body.get("stream"):
             return await self._stream(request, chat, text)
-        return web.json_response(self._completion(chat, text, body))
+        return web.json_response(self._completion(chat, text, body, run.tokens))
 
     def output_text(self) -> str:
         """What this engine generates: names the engine, so a test can tell who answered."""
         return f"from {self.name}"
 
-    def _completion(self, chat: bool, text: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _completion(
+        self, chat: bool, text: str, body: dict[str, Any], tokens: int
+    ) -> dict[str, Any]:
         created = int(time.time())
-        usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        usage = {"prompt_tokens": 3, "completion_tokens": tokens, "total_tokens": 3 + tokens}
         if chat:
             choice: dict[str, Any] = {
                 "index": 0,

@@ -9,6 +9,12 @@ it stops listening and finishes the requests it holds for up to that long, as vL
 Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored. With
 PDMTP_METRICS_PORT set it also serves the metrics-only listener the engine launcher serves there.
 
+Its speed is the emulator's own env (scheduler.ENV; the role's `env` in a PDDeployment):
+PDMTP_EMULATOR_MAX_RUNNING (requests run at once, default 8), PDMTP_EMULATOR_ACCEPTANCE_RATE
+(MTP draft tokens accepted, 0..1, default 0.7), PDMTP_EMULATOR_STEP_SECONDS and
+PDMTP_EMULATOR_PREFILL_SECONDS (default 0.005 each), PDMTP_EMULATOR_BATCH_SLOWDOWN (default
+0.5); `POST /emulator/config` changes them later without a restart.
+
 Its revision is read from the pod name, which the Deployment controller derives from the
 operator's workload name `<pdd>-<revision>-<role>` plus the ReplicaSet hash and a random suffix.
 """
@@ -24,6 +30,7 @@ import socket
 import sys
 
 from pdmtp_emulator.engine import EngineEmulator, Identity, Role
+from pdmtp_emulator.scheduler import Tuning
 
 KV_ROLES: dict[str, Role] = {"kv_producer": "prefill", "kv_consumer": "decode"}
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -65,6 +72,10 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int(spec["num_speculative_tokens"]) if spec else None
     identity = Identity(pod=pod, revision=revision_from_pod_name(pod, role), speculative_tokens=k)
+    try:
+        tuning = Tuning.from_env(env)
+    except ValueError as exc:
+        raise SystemExit(f"emulator settings: {exc}") from None
     return EngineEmulator(
         role=role,
         name=pod,
@@ -78,6 +89,7 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
         record_requests=False,
         shutdown_timeout=args.shutdown_timeout,
         metrics_port=int(env["PDMTP_METRICS_PORT"]) if env.get("PDMTP_METRICS_PORT") else None,
+        tuning=tuning,
     )
 
 
@@ -97,6 +109,7 @@ async def run(engine: EngineEmulator) -> None:
                 "metrics_port": engine.metrics_port,
                 "engine_ids": engine.engine_ids,
                 "identity": engine.identity.__dict__,
+                "tuning": engine.tuning.as_dict(),
             }
         ),
         flush=True,
