@@ -28,6 +28,7 @@ from pdmtp_emulator.engine import (  # noqa: E402
     Recorded,
     Role,
 )
+from pdmtp_emulator.scheduler import Tuning  # noqa: E402
 
 __all__ = [
     "GENERATION_PATHS",
@@ -42,4 +43,5 @@ __all__ = [
     "KVRecord",
     "Recorded",
     "Role",
+    "Tuning",
 ]
