@@ -40,6 +40,7 @@ from pdmtp.core.observe import (
     labels_of,
     listed_engines,
     name_of,
+    pod_ready,
     revision_states,
 )
 from pdmtp.core.planner import Policy, RevisionState
@@ -308,6 +309,8 @@ class RolloutWatcher:
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     deployments: dict[str, dict[str, Any]] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    views: list[str] = field(default_factory=list)
+    """What the watcher saw at the first violations (at most 5)."""
     events_seen: int = 0
     forgive_surplus: bool = False
     """Leave out live pods beyond their Deployment's replicas (newest first). An API server
@@ -410,7 +413,10 @@ class RolloutWatcher:
         }
         kept: list[dict[str, Any]] = []
         live: dict[str, int] = {}
-        for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        # Kept in the order the ReplicaSet controller keeps pods when it removes a surplus: Ready
+        # first, then the highest pod-deletion-cost (the operator gives a pod leaving routing
+        # the lowest, so that one goes), then the oldest.
+        for p in sorted(pods, key=_surplus_keep_order):
             labels = labels_of(p)
             role = cast(Role, labels.get(v.LABEL_ROLE))
             workload = names.workload(self.name, labels.get(v.LABEL_REVISION, ""), role)
@@ -431,11 +437,25 @@ class RolloutWatcher:
         ]
         listed = listed_engines(self._pods())
         moment = Moment(time.time(), self._states(), terminating, label, listed)
-        self.violations += self.monitor.check(moment)
+        broken = self.monitor.check(moment)
+        if broken and len(self.views) < 5:
+            self.views.append(f"{label}: {self._view()}")
+        self.violations += broken
         pods = list(self.pods.values())
         self.violations += [
             f"{x} at {label}" for x in foreign_routes(self.deployments.values(), pods)
         ]
+
+    def _view(self) -> str:
+        """The pods and Deployments as the watcher saw them, to explain a violation."""
+        pods = [
+            f"{name_of(p)}({'ready' if pod_ready(p) else 'unready'}"
+            f"{', terminating' if is_terminating(p) else ''}, "
+            f"{p['metadata'].get('creationTimestamp')})"
+            for p in sorted(self.pods.values(), key=name_of)
+        ]
+        replicas = {n: (d.get("spec") or {}).get("replicas") for n, d in self.deployments.items()}
+        return f"pods {pods}; deployment replicas {dict(sorted(replicas.items()))}"
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -444,6 +464,15 @@ class RolloutWatcher:
                 "deployments": sorted(self.deployments),
                 "events": self.events_seen,
             }
+
+
+def _surplus_keep_order(pod: dict[str, Any]) -> tuple[bool, int, str]:
+    cost = (pod["metadata"].get("annotations") or {}).get(v.ANNOTATION_DELETION_COST, "0")
+    try:
+        rank = -int(cost)
+    except ValueError:
+        rank = 0
+    return (not pod_ready(pod), rank, pod["metadata"].get("creationTimestamp") or "")
 
 
 def table(api: client.ApiClient, namespace: str) -> tuple[list[str], list[list[Any]]]:

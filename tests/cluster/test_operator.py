@@ -164,7 +164,7 @@ def test_paired_rollout_holds_the_invariants(
     time.sleep(1)
     watcher.stop()
 
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert watcher.events_seen > 20
     assert obj["status"]["currentRevision"] == new_rev != old_rev
     assert obj["status"]["lookahead"]["decode"] == 2
@@ -318,7 +318,7 @@ def test_superseded_rollout_completes_to_the_last_spec(
     obj = wait_settled(cluster.api_client, namespace, "abc", timeout=180)
     watcher.stop()
 
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == c_rev
     assert revisions_present(cluster.api_client, namespace) == {c_rev}
 
@@ -380,7 +380,7 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(
     watcher.stop()
 
     assert operator.starts == 4
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == new_rev
     assert revisions_present(cluster.api_client, namespace) == {new_rev}, "orphans left behind"
     names = set(deployments(cluster.api_client, namespace))

@@ -208,7 +208,8 @@ def test_control_plane_killed_mid_rollout_while_the_operator_restarts(
     if watcher.violations:
         print("---- status timeline ----\n" + "\n".join(timeline))
         print("---- operator log ----\n" + op.log_tail(150))
-    assert watcher.violations == [], watcher.violations[:5]
+        print("---- what the watcher saw ----\n" + "\n".join(watcher.views))
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == new_rev
     assert op.starts == 2
 

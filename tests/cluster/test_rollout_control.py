@@ -102,7 +102,7 @@ def test_an_engine_refusal_rolls_back_and_the_old_revision_keeps_its_floor(
         60,
     )
     watcher.stop()
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     obj = get_pdd(cluster.api_client, namespace, "back")
     degraded = condition(obj, "Degraded")
     assert degraded is not None and degraded["reason"] == "RolledBack"
@@ -224,7 +224,7 @@ def test_a_canary_holds_at_its_share_until_promoted(
         cli(cluster, namespace, "status", "canary", "--timeout", "120", timeout=150).returncode == 0
     )
     watcher.stop()
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert any(e.reason == "Promoted" for e in events(cluster, namespace, "canary"))
 
 
@@ -248,7 +248,7 @@ def test_a_scale_down_takes_pods_out_of_routing_before_it_removes_them(
             f"{decode}/{decode}",
         )
     watcher.stop()
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == rev, "scaling is no rollout"
     pods = client.CoreV1Api(cluster.api_client).list_namespaced_pod(namespace).items
     assert not [
@@ -320,7 +320,7 @@ def test_scaling_mid_roll_applies_at_once_and_keeps_the_invariants(
     patch_spec(cluster.api_client, namespace, "scale", b.dict()["spec"])
     obj = wait_settled(cluster.api_client, namespace, "scale", 150)
     watcher.stop()
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == new, "the roll restarted on another revision"
     assert (obj["status"]["prefill"], obj["status"]["decode"]) == ("3/3", "1/1")
 
@@ -360,7 +360,7 @@ def test_a_full_cluster_rolls_pair_by_pair_and_says_what_would_work(
     patch_spec(cluster.api_client, namespace, "full", b.dict()["spec"])
     obj = wait_settled(cluster.api_client, namespace, "full", 180)
     watcher.stop()
-    assert watcher.violations == [], watcher.violations[:5]
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == compat_revision(b.build().spec)
 
     # maxSurge 1 on the same full cluster: the surge pod cannot be placed; the status says so.
