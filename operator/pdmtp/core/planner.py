@@ -299,7 +299,10 @@ def _plan(
     update_replicas: dict[EngineRole, int] = {}
     for r in ENGINE_ROLES:
         others = sum(max(s.role(r).replicas, s.role(r).pods) for s in olds)
-        allowed = ceiling[r] - others
+        # Its own pods beyond its replicas (terminating after a scale-down mid-roll) still
+        # hold GPUs: a scale-up right after one waits for them as for an old revision's.
+        surplus = max(update.role(r).pods - update.role(r).replicas, 0)
+        allowed = ceiling[r] - others - surplus
         update_replicas[r] = min(goal[r], max(update.role(r).replicas, allowed, 0))
         if update.draining and update.drain_until is not None and now < update.drain_until:
             # Rolled back to while its drain runs: its pods may still finish requests.
