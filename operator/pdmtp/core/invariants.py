@@ -57,7 +57,8 @@ def _serving_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
 
 @dataclass
 class InvariantMonitor:
-    """Invariants 2-5 over a sequence of moments. `retarget` at the start of every roll."""
+    """Invariants 2-5 over a sequence of moments. `retarget` at the start of every roll,
+    `rescale` when only the replicas change."""
 
     policy: Policy
     tolerance: float = 0.0
@@ -83,6 +84,14 @@ class InvariantMonitor:
             self.max_pods[role] = max(target.replicas(role) + self.policy.max_surge, pods)
         olds = [s for s in states if s.revision != target.revision and s.serving]
         self.anchor = max(olds, key=establishment).revision if olds else None
+
+    def rescale(self, states: Sequence[RevisionState], target: Target) -> None:
+        """The same roll at new replicas: the bounds move to the new target as `retarget` moves
+        them, but the roll keeps its anchor (scaling is not a new roll, invariant 5)."""
+        assert self.target is not None and target.revision == self.target.revision
+        anchor = self.anchor
+        self.retarget(states, target)
+        self.anchor = anchor
 
     def check(self, moment: Moment) -> list[str]:
         """Every invariant broken at this moment (empty: all hold)."""
