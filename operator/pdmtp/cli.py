@@ -401,6 +401,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pdmtp.health import GRACE_SECONDS
     from pdmtp.kube import Kube, load_client
     from pdmtp.metrics import Metrics
+    from pdmtp.scrape import source_from
     from pdmtp.webhook import WebhookOptions
 
     # kopf installs the log handler (controller.run): one format, one line per record.
@@ -418,6 +419,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         grace_seconds=args.unwatched_grace_seconds or GRACE_SECONDS,
     )
     try:
+        source = source_from(args.metrics_source)
+    except ValueError as e:
+        raise UnusableInput(str(e)) from e
+    try:
         api = load_client(args.kubeconfig)
     except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
         raise UnusableInput(f"no cluster to talk to: {e}") from e
@@ -432,7 +437,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.health_listen:
         addr, _, port = args.health_listen.rpartition(":")
         health = (addr, int(port))
-    run(kube, options, metrics, health=health, webhook=webhook)
+    run(kube, options, metrics, health=health, webhook=webhook, source=source)
     return 0
 
 
@@ -563,6 +568,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         default="0.0.0.0:8081",
         help="serve /healthz (liveness) and /readyz (readiness) here (empty: none)",
+    )
+    p.add_argument(
+        "--metrics-source",
+        metavar="http|dir:PATH",
+        help=(
+            "where the autoscaler reads the engines' metrics: http (default) scrapes each engine "
+            "pod's metrics-only port; dir:PATH reads PATH/<namespace>/<pod>.prom (tests whose "
+            "pod IPs are fake)"
+        ),
     )
     p.add_argument(
         "--unwatched-grace-seconds",

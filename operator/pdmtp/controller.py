@@ -36,6 +36,7 @@ from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
 from pdmtp.health import serve as serve_health
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
+from pdmtp.scrape import HttpSource, MetricsSource, Scraper
 from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
 
 log = logging.getLogger("pdmtp")
@@ -129,6 +130,9 @@ class Controller:
     started_at: float = field(default_factory=time.monotonic)
     webhook_resolved: Callable[[], bool] | None = None
     """Set when the webhook is on: whether kopf has resolved the resource it admits."""
+    source: MetricsSource = field(default_factory=HttpSource)
+    """Where the autoscaler reads the engines' metrics."""
+    scraper: Scraper | None = None
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -180,6 +184,13 @@ class Controller:
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
         self.tasks.append(asyncio.create_task(self._resync(), name="pdmtp-resync"))
         self.tasks.append(asyncio.create_task(self._poster(), name="pdmtp-events"))
+        self.scraper = Scraper(self.source, self.pdds, self.store, self.queue.add)
+        self.tasks.append(asyncio.create_task(self._scrape(), name="pdmtp-scraper"))
+
+    async def _scrape(self) -> None:
+        assert self.scraper is not None
+        await self.synced.wait()
+        await self.scraper.run()
 
     async def _await_sync(self) -> None:
         # No reconcile before every child kind is listed: an empty store would read as
@@ -254,7 +265,14 @@ class Controller:
         others = [
             o for k in WATCHED if k not in (DEPLOYMENT, POD) for o in children.get(k.kind, [])
         ]
-        return Observed(body, children.get(DEPLOYMENT.kind, []), children.get(POD.kind, []), others)
+        metrics = self.scraper.metrics(namespace, name) if self.scraper is not None else {}
+        return Observed(
+            body,
+            children.get(DEPLOYMENT.kind, []),
+            children.get(POD.kind, []),
+            others,
+            metrics,
+        )
 
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
         """Steps: 1 read the cached children, 2 decide (pure), 3 apply the actions (stop at
@@ -463,9 +481,11 @@ def run(
     metrics: Metrics,
     health: tuple[str, int] | None = None,
     webhook: WebhookOptions | None = None,
+    source: MetricsSource | None = None,
 ) -> None:
-    """Run the operator until interrupted; `health` is where /healthz and /readyz listen."""
-    controller = Controller(kube, options, metrics)
+    """Run the operator until interrupted; `health` is where /healthz and /readyz listen,
+    `source` where the autoscaler reads the engines' metrics (their pods, by default)."""
+    controller = Controller(kube, options, metrics, source=source or HttpSource())
     registry = build_registry(controller, webhook)
     kopf.configure(verbose=False, debug=log.isEnabledFor(logging.DEBUG))
     asyncio.run(_serve(controller, registry, health, webhook))

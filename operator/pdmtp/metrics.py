@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 
 if TYPE_CHECKING:
@@ -111,6 +112,32 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.autoscaler_desired = Gauge(
+            "pdmtp_autoscaler_desired_replicas",
+            "The count the autoscaler rolls an engine role to (spec.autoscaling).",
+            (*LABELS, "role"),
+            registry=self.registry,
+        )
+        self.autoscaler_recommended = Gauge(
+            "pdmtp_autoscaler_recommended_replicas",
+            "The autoscaler's raw recommendation, before stabilisation, step limits, min/max and"
+            " the ratio band.",
+            (*LABELS, "role"),
+            registry=self.registry,
+        )
+        self.autoscaler_signal = Gauge(
+            "pdmtp_autoscaler_signal_value",
+            "A signal as the last evaluation read it (absent while missing).",
+            (*LABELS, "role", "signal"),
+            registry=self.registry,
+        )
+        self.autoscaler_decisions = Counter(
+            "pdmtp_autoscaler_decisions_total",
+            "Decisions that changed a role's desired count, by direction (up or down).",
+            (*LABELS, "role", "direction"),
+            registry=self.registry,
+        )
+
     def serve(self, port: int, address: str) -> None:
         start_http_server(port, addr=address, registry=self.registry)
 
@@ -141,6 +168,23 @@ class Metrics:
         self.progress.labels(namespace, name).set(min(1.0, updated / desired) if desired else 0)
         for role, counts in roles.items():
             self.ready.labels(namespace, name, role).set(counts.get("readyReplicas", 0))
+        self._autoscaling(namespace, name, report)
+
+    def _autoscaling(self, namespace: str, name: str, report: Report) -> None:
+        scaling = report.status.get("autoscaling") or {}
+        for role in scaling.get("roles", []):
+            labels = (namespace, name, role["name"])
+            self.autoscaler_desired.labels(*labels).set(role["desiredReplicas"])
+            if role.get("recommendation") is not None:
+                self.autoscaler_recommended.labels(*labels).set(role["recommendation"])
+            for signal in role.get("signals", []):
+                gauge = self.autoscaler_signal.labels(*labels, signal["signal"])
+                gauge.set(signal["value"] if signal.get("value") is not None else float("nan"))
+        for event in report.events:
+            if event.reason in (reasons.AUTOSCALED_UP, reasons.AUTOSCALED_DOWN):
+                role = event.message.split(" ", 1)[0]
+                direction = "up" if event.reason == reasons.AUTOSCALED_UP else "down"
+                self.autoscaler_decisions.labels(namespace, name, role, direction).inc()
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted PDDeployment's series."""
@@ -150,3 +194,6 @@ class Metrics:
         for role in ("prefill", "decode", "router"):
             with contextlib.suppress(KeyError):
                 self.ready.remove(namespace, name, role)
+            for gauge in (self.autoscaler_desired, self.autoscaler_recommended):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, name, role)

@@ -92,6 +92,10 @@ class OperatorProcess:
             ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # KWOK's pod IPs are fake and never dialled: the autoscaler reads the metrics the test
+        # writes here (`MetricsFiles`), <dir>/<namespace>/<pod>.prom.
+        self.metrics_dir = log_path.parent / f"{log_path.stem}-metrics"
+        self.metrics_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, timeout: float = 30, attempts: int = 3) -> None:
         """Start and wait until the liveness endpoint answers; a port taken meanwhile by
@@ -129,6 +133,8 @@ class OperatorProcess:
             "127.0.0.1",
             "--health-listen",
             f"127.0.0.1:{self.liveness_port}",
+            "--metrics-source",
+            f"dir:{self.metrics_dir}",
         ]
         for ns in self.namespaces:
             args += ["--namespace", ns]

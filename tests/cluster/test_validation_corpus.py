@@ -154,6 +154,69 @@ CASES = [
         setter("spec.kvTransfer", {"protocol": "tcp", "bootstrapPort": 29100}),
         "spec.kvTransfer.bootstrapPort must differ from the engine's own ports",
     ),
+    Case(
+        "autoscaling minReplicas above maxReplicas",
+        setter("spec.autoscaling", {"decode": {"minReplicas": 4, "maxReplicas": 2}}),
+        "spec.autoscaling.<role>.minReplicas must be <= maxReplicas",
+    ),
+    Case(
+        "autoscaling targets on an External role",
+        setter(
+            "spec.autoscaling",
+            {
+                "decode": {
+                    "source": "External",
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                    "targets": [{"signal": "kvCacheUsage", "value": 0.8}],
+                }
+            },
+        ),
+        "a role with source: External is scaled through its PDRoleScale",
+    ),
+    Case(
+        "decode tokens target without an expected acceptance",
+        setter(
+            "spec.autoscaling",
+            {
+                "decode": {
+                    "minReplicas": 1,
+                    "maxReplicas": 4,
+                    "targets": [{"signal": "decodeTokensPerSecondPerPod", "value": 2000}],
+                }
+            },
+        ),
+        "set expectedAcceptanceLength",
+    ),
+    Case(
+        "ratio band no pair within the bounds reaches",
+        setter(
+            "spec.autoscaling",
+            {
+                "prefill": {"minReplicas": 4, "maxReplicas": 8},
+                "decode": {"minReplicas": 1, "maxReplicas": 1},
+                "ratio": {"min": 0.5, "max": 2},
+            },
+        ),
+        "no prefill and decode counts within the roles' minReplicas",
+    ),
+    Case(
+        "autoscaling minReplicas 0",
+        setter("spec.autoscaling", {"prefill": {"minReplicas": 0, "maxReplicas": 2}}),
+    ),
+    Case(
+        "a signal that does not exist",
+        setter(
+            "spec.autoscaling",
+            {
+                "prefill": {
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                    "targets": [{"signal": "gpuUtilisation", "value": 0.8}],
+                }
+            },
+        ),
+    ),
     Case("unknown field", setter("spec.prefill.replica", 2)),
     Case("replicas 0", setter("spec.decode.replicas", 0)),
     Case("block size not in the enum", setter("spec.engine.blockSize", 17)),

@@ -186,6 +186,19 @@ EVERY_FIELD: dict[str, Any] = {
             "paused": False,
             "canary": {"percent": 50},
         },
+        "autoscaling": {
+            "prefill": {
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "targets": [{"signal": "waitingRequestsPerPod", "value": 4}],
+                "behavior": {"scaleUp": {"stabilizationWindowSeconds": 30, "maxPods": 2}},
+                "tolerance": 0.1,
+            },
+            "decode": {"source": "External", "minReplicas": 2, "maxReplicas": 6},
+            "ratio": {"min": 0.25, "max": 2},
+            "intervalSeconds": 15,
+            "staleAfterSeconds": 60,
+        },
         "revisionHistoryLimit": 10,
     },
 }

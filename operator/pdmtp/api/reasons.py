@@ -202,6 +202,12 @@ ROLLBACK_STARTED: Final = _reason(
     EVENT, "RollbackStarted", "The new revision failed: rolling back to the old one (a Warning)."
 )
 PROMOTED: Final = _reason(EVENT, "Promoted", "A canary revision was promoted; the rollout goes on.")
+AUTOSCALED_UP: Final = _reason(
+    EVENT, "AutoscaledUp", "The autoscaler raised a role's desired count (the reason says why)."
+)
+AUTOSCALED_DOWN: Final = _reason(
+    EVENT, "AutoscaledDown", "The autoscaler lowered a role's desired count (the reason says why)."
+)
 
 
 WARNING_REASONS: Final = frozenset(

@@ -42,7 +42,9 @@ class RoleStatus(Model):
     replicas: int = Field(default=0, description="Pods of this role (all revisions).")
     ready_replicas: int = Field(default=0, description="Ready pods (all revisions).")
     updated_replicas: int = Field(default=0, description="Pods at the update revision.")
-    desired_replicas: int = Field(default=0, description="spec.<role>.replicas.")
+    desired_replicas: int = Field(
+        default=0, description="spec.<role>.replicas, or the autoscaler's count."
+    )
 
 
 class RevisionStatus(Model):
@@ -90,6 +92,76 @@ class RolloutStatus(Model):
     )
 
 
+class SignalValue(Model):
+    """One signal as the last evaluation read it."""
+
+    signal: str = Field(description="The signal (spec.autoscaling.<role>.targets[].signal).")
+    value: float | None = Field(default=None, description="Observed value; unset when missing.")
+    target: float = Field(description="The target used (MTP-adjusted for decode tokens).")
+    desired: int | None = Field(default=None, description="The count it asked for; unset: no vote.")
+    coverage: Literal["full", "partial", "missing", "quiet"] = Field(
+        description="How many Ready pods reported it: full (a quorum), partial, missing, quiet."
+    )
+
+
+class ScaleSample(Model):
+    """A recommendation the stabilisation windows remember."""
+
+    at: str = Field(description="When (RFC 3339).")
+    replicas: int = Field(description="The recommended count.")
+
+
+class ScaleChange(Model):
+    """A change of the desired count the step limits remember."""
+
+    at: str = Field(description="When (RFC 3339).")
+    before: int = Field(description="Desired before.")
+    after: int = Field(description="Desired after.")
+
+
+class RoleScaling(Model):
+    """One role's autoscaling state: what it decided, from what, and what it remembers."""
+
+    name: Literal["prefill", "decode"] = Field(description="The role.")
+    source: Literal["Operator", "External"] = Field(description="Who sets its count.")
+    desired_replicas: int = Field(description="The count the operator rolls the role to.")
+    current_replicas: int = Field(default=0, description="Ready pods of the role (all revisions).")
+    recommendation: int | None = Field(
+        default=None,
+        description="The autoscaler's raw recommendation (or the PDRoleScale's replicas), before "
+        "stabilisation, step limits, min/max and the ratio band.",
+    )
+    deciding_signal: str | None = Field(default=None, description="The signal that decided.")
+    reason: str = Field(default="", max_length=4096, description="Why, step by step.")
+    last_scale_time: str | None = Field(
+        default=None, description="When the desired count last changed (RFC 3339)."
+    )
+    acceptance_length: float | None = Field(
+        default=None, description="MTP accepted tokens per draft measured over the last interval."
+    )
+    signals: list[SignalValue] = Field(
+        default_factory=list, description="The signal values the last evaluation used."
+    )
+    recommendations: list[ScaleSample] = Field(
+        default_factory=list, description="Recommendations inside the stabilisation windows."
+    )
+    changes: list[ScaleChange] = Field(
+        default_factory=list, description="Desired-count changes inside the step-limit periods."
+    )
+
+
+class AutoscalingStatus(Model):
+    """spec.autoscaling's state, kept here so a restarted operator resumes its windows."""
+
+    last_evaluation_time: str | None = Field(
+        default=None, description="When the roles were last evaluated (RFC 3339)."
+    )
+    ratio_note: str | None = Field(
+        default=None, description="What the prefill:decode band did at the last evaluation."
+    )
+    roles: list[RoleScaling] = Field(default_factory=list, description="prefill and decode.")
+
+
 class PDDeploymentStatus(Model):
     """Observed state, written by the operator once per reconcile."""
 
@@ -109,6 +181,9 @@ class PDDeploymentStatus(Model):
     prefill: str | None = Field(default=None, description="Ready/desired prefill pods (printer).")
     decode: str | None = Field(default=None, description="Ready/desired decode pods (printer).")
     roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="The autoscaler's decisions (with spec.autoscaling)."
+    )
     revisions: list[RevisionStatus] = Field(
         default_factory=list, description="Revisions that have workloads, newest last."
     )

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 from pdmtp.api import reasons
 from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
+from pdmtp.api.autoscaling import BAND_REACHABLE_RULE, AutoscalingSpec
 from pdmtp.api.base import Model, defaulted
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
@@ -597,6 +598,7 @@ class PDDeploymentSpec(Model):
         SPECULATIVE_OVERRIDE_RULE,
         HUB_TOKEN_RULE,
         MOUNTS_RULE,
+        BAND_REACHABLE_RULE,
     )
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
@@ -639,6 +641,13 @@ class PDDeploymentSpec(Model):
     )
     placement: Placement | None = Field(
         default=None, description="Where a revision's prefill and decode pods land; role-local."
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description=(
+            "Scale prefill and decode with their load within a prefill:decode band; unset keeps "
+            "spec.<role>.replicas. Scaling rolls nothing."
+        ),
     )
     revision_history_limit: int = Field(
         default=10,

@@ -17,6 +17,9 @@ KIND: Final = "PDDeployment"
 PLURAL: Final = "pddeployments"
 SINGULAR: Final = "pddeployment"
 SHORT_NAME: Final = "pdd"
+ROLE_SCALE_KIND: Final = "PDRoleScale"
+"""An External-autoscaled role's scale endpoint (`<name>-<role>`): what an HPA targets."""
+ROLE_SCALE_PLURAL: Final = "pdrolescales"
 
 EngineRole = Literal["prefill", "decode"]
 Role = Literal["prefill", "decode", "router"]

@@ -86,6 +86,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Generic, TypeVar
 
+from pdmtp.api.autoscaling import Signal
 from pdmtp.core.promtext import HistogramTotals, Scrape
 
 T = TypeVar("T")
@@ -129,18 +130,6 @@ class PerRole(Generic[T]):
 
     def __getitem__(self, role: Role) -> T:
         return self.prefill if role is Role.PREFILL else self.decode
-
-
-class Signal(StrEnum):
-    """A load signal; the value is the name a spec's target uses."""
-
-    WAITING_PER_POD = "waitingRequestsPerPod"
-    QUEUE_TIME = "queueTimeSeconds"
-    TIME_TO_FIRST_TOKEN = "timeToFirstTokenSeconds"
-    KV_CACHE_USAGE = "kvCacheUsage"
-    RUNNING_PER_POD = "runningRequestsPerPod"
-    INTER_TOKEN_LATENCY = "interTokenLatencySeconds"
-    DECODE_TOKENS_PER_POD = "decodeTokensPerSecondPerPod"
 
 
 # Per-pod gauges: the role's value is their mean over the reporting pods.
@@ -407,10 +396,19 @@ def decide(
     current: PerRole[int],
     history: PerRole[RoleHistory],
     now: float,
+    external: PerRole[int | None] = PerRole(None, None),
 ) -> Decision:
-    """Desired replicas per role, with the reason, from metrics, policy, history and `now`."""
+    """Desired replicas per role, with the reason, from metrics, policy, history and `now`.
+
+    `external` is the count an outside scaler (an HPA through the role's scale endpoint) set for
+    a role: it replaces that role's signals, stabilisation and step limits (the HPA has its
+    own), and min/max and the ratio band still apply."""
     staged = {
-        role: _decide_role(role, policy, pods[role], current[role], history[role], now)
+        role: (
+            _decide_role(role, policy, pods[role], current[role], history[role], now)
+            if external[role] is None
+            else _external_role(role, policy[role], current[role], external[role])
+        )
         for role in Role
     }
     prefill, decode = staged[Role.PREFILL].desired, staged[Role.DECODE].desired
@@ -525,6 +523,16 @@ def _decide_role(
     return _Staged(
         role, current, recommendation, clamped, deciding, readings, held, acceptance, tuple(steps)
     )
+
+
+def _external_role(role: Role, rules: RolePolicy, current: int, asked: int | None) -> _Staged:
+    assert asked is not None
+    steps = [f"set to {asked} through its scale endpoint"]
+    clamped = min(max(asked, rules.min_replicas), rules.max_replicas)
+    if clamped != asked:
+        bound = "minReplicas" if clamped == rules.min_replicas else "maxReplicas"
+        steps.append(f"{bound} {clamped}")
+    return _Staged(role, current, asked, clamped, None, (), False, None, tuple(steps))
 
 
 def _ordered(targets: Mapping[Signal, float]) -> list[tuple[Signal, float]]:

@@ -8,8 +8,8 @@ groups:
   a paired rollout (`Shared`, and each role's `EngineCompat`);
 - **role-local**: what one role may set for itself; the input of that role's hash, so a change
   rolls that role's pods inside the revision (`RoleLocal`, the router's image and policy);
-- **unhashed**: what rolls nothing: replicas (scaling is not a rollout), the rollout policy, the
-  history limit. None of it may reach a pod template.
+- **unhashed**: what rolls nothing: replicas and autoscaling (scaling is not a rollout), the
+  rollout policy, the history limit. None of it may reach a pod template.
 
 `FIELD_GROUPS` says which group every field of the spec belongs to; tests/unit/test_effective.py
 fails for a field that is in no group, and checks by mutation that each group behaves as said.
@@ -82,6 +82,7 @@ FIELD_GROUPS: Mapping[str, Group] = {
     "router.image": "role",
     "router.resources": "role",
     "rollout": "unhashed",
+    "autoscaling": "unhashed",
     "revisionHistoryLimit": "unhashed",
 }
 """`rollout` is unhashed whole, drainSeconds included: it times the operator's drain of a retiring

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -56,6 +56,7 @@ from pdmtp.core.removal import EnginePod, Removal, gate
 from pdmtp.core.render import engine_deployment, router_deployment, shared_children
 from pdmtp.core.revision import target_and_policy
 from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
+from pdmtp.core.scaling import PodMetrics, Scaling, role_scale_counts, scale
 from pdmtp.core.validation import validate
 
 Obj = Mapping[str, Any]
@@ -70,8 +71,10 @@ class Observed:
     pods: Sequence[Obj] = ()
     others: Sequence[Obj] = ()
     """The PDDeployment's other watched children: every kind in `pdmtp.api.kinds.WATCHED` but
-    Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions),
-    labelled with its name."""
+    Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions,
+    PDRoleScales), labelled with its name."""
+    metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
+    """The engine pods' latest scrapes by pod name (only with spec.autoscaling)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class _Inputs:
     revision_keys: Mapping[str, frozenset[str]]
     steering: Steering
     record: RolloutStatus | None
+    scaling: Scaling | None
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class Decision:
             refused,
             i.steering,
             i.record,
+            i.scaling,
         )
         written = status.as_dict(new)
         keys = {r.key for r in refused} | set(unapplied)
@@ -139,6 +144,7 @@ class Decision:
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
             *action_events(self.actions, keys),
             *condition_events(transitions, i.old.conditions, new.conditions),
+            *(i.scaling.events if i.scaling is not None else ()),
         ]
         return Report(written, written != _without_none(i.raw_old), tuple(events))
 
@@ -178,11 +184,20 @@ def decide(observed: Observed, now: float) -> Decision:
         return Decision((), None, None, _unusable=unusable)
     pdd, agreement = verdict.pdd, verdict.agreement
     spec_target, spec_policy = target_and_policy(agreement)
+    name = pdd.metadata.name
+    pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
+
+    # 1b. Autoscale: the counts the roles roll to (scaling is not a rollout: same revision).
+    scaling = None
+    if pdd.spec.autoscaling is not None:
+        external = role_scale_counts(observed.others, name)
+        scaling = scale(pdd.spec, old.autoscaling, pods, observed.metrics, external, now)
+        spec_target = replace(
+            spec_target, prefill=scaling.desired["prefill"], decode=scaling.desired["decode"]
+        )
 
     # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
-    name = pdd.metadata.name
     mine = [d for d in observed.deployments if labels_of(d).get(v.LABEL_NAME) == name]
-    pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
     states = revision_states(mine, pods)
     health = Health(engine_failures(pods), crash_looping(pods), unschedulable(pods))
     promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
@@ -238,15 +253,24 @@ def decide(observed: Observed, now: float) -> Decision:
         revision_keys,
         steering,
         record,
+        scaling,
     )
-    return Decision(tuple(actions), _requeue(step, record, pdd, now), agreement, inputs)
+    requeue = _requeue(step, record, pdd, now, scaling)
+    return Decision(tuple(actions), requeue, agreement, inputs)
 
 
 def _requeue(
-    step: Step, record: RolloutStatus | None, pdd: PDDeployment, now: float
+    step: Step,
+    record: RolloutStatus | None,
+    pdd: PDDeployment,
+    now: float,
+    scaling: Scaling | None = None,
 ) -> float | None:
-    """When to look again: a drain's end, or the progress deadline (no event may come)."""
+    """When to look again: a drain's end, the progress deadline (no event may come), or the
+    autoscaler's next evaluation."""
     waits = [step.requeue_after] if step.requeue_after is not None else []
+    if scaling is not None and scaling.requeue_after is not None:
+        waits.append(scaling.requeue_after)
     if record is not None and record.phase == "Progressing":
         since = parse_time(record.last_progress_at) or now
         waits.append(max(0.0, since + pdd.spec.rollout.progress_deadline_seconds - now))

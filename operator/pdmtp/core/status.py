@@ -30,6 +30,7 @@ from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions,
 from pdmtp.core.observe import PodIssue
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
 from pdmtp.core.rollout import Steering
+from pdmtp.core.scaling import Scaling
 
 Obj = Mapping[str, Any]
 
@@ -240,9 +241,15 @@ def _role_of(state: RevisionState, role: Role) -> RoleState:
 
 
 def role_counts(
-    states: Sequence[RevisionState], spec: PDDeploymentSpec, update: str | None
+    states: Sequence[RevisionState],
+    spec: PDDeploymentSpec,
+    update: str | None,
+    scaled: Mapping[v.EngineRole, int] | None = None,
 ) -> list[RoleStatus]:
-    desired = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
+    """Per role: pods, Ready, updated, and the count asked for (the autoscaler's, if any)."""
+    desired: dict[str, int] = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas}
+    for role, count in (scaled or {}).items():
+        desired[role] = count
     desired["router"] = spec.router.replicas
     return [
         RoleStatus(
@@ -317,6 +324,7 @@ def build(
     refused: Sequence[Rejection] = (),
     steering: Steering | None = None,
     record: RolloutStatus | None = None,
+    scaling: Scaling | None = None,
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
     """The status for this reconcile (after its writes; `refused` are those the API server
     refused) and the conditions that flipped."""
@@ -330,7 +338,7 @@ def build(
         degraded(seen.failures, steering),
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
-    roles = role_counts(seen.states, spec, update)
+    roles = role_counts(seen.states, spec, update, None if scaling is None else scaling.desired)
     status = PDDeploymentStatus(
         observed_generation=generation,
         lookahead=Lookahead(
@@ -341,9 +349,10 @@ def build(
         current_revision=current,
         update_revision=update,
         rollout=record,
-        prefill=f"{roles[0].ready_replicas}/{spec.prefill.replicas}",
-        decode=f"{roles[1].ready_replicas}/{spec.decode.replicas}",
+        prefill=f"{roles[0].ready_replicas}/{roles[0].desired_replicas}",
+        decode=f"{roles[1].ready_replicas}/{roles[1].desired_replicas}",
         roles=roles,
+        autoscaling=None if scaling is None else scaling.status,
         revisions=revision_table(seen.states),
         conditions=conditions,
     )

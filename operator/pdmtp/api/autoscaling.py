@@ -1,0 +1,279 @@
+"""spec.autoscaling: how each engine role follows its load (issue 22), as pydantic models.
+
+Each role is driven by one source, never two:
+
+- `Operator` (the default): the operator scrapes the role's engines (their metrics-only port) and
+  decides with `pdmtp.core.autoscaling`, on the targets given here (or the role's defaults).
+- `External`: an HPA, KEDA or `kubectl scale` drives the role through its `PDRoleScale` object
+  (`<name>-<role>`, a scale subresource), which the operator creates for External roles only. An
+  Operator role has no scale endpoint, so nothing outside can fight its scaler; the fields that
+  only the operator's scaler reads (targets, behavior, tolerance) are refused on an External role.
+
+Either way the operator keeps the count within minReplicas/maxReplicas and the prefill:decode
+ratio band, and a rollout in progress takes the new count without restarting.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from pdmtp.api.base import Model
+from pdmtp.api.corev1 import ListMap
+from pdmtp.api.rules import Rule, model_rules
+
+
+class Signal(StrEnum):
+    """A load signal read off the engines' own metrics; the value is what a spec's target names."""
+
+    WAITING_PER_POD = "waitingRequestsPerPod"
+    QUEUE_TIME = "queueTimeSeconds"
+    TIME_TO_FIRST_TOKEN = "timeToFirstTokenSeconds"
+    KV_CACHE_USAGE = "kvCacheUsage"
+    RUNNING_PER_POD = "runningRequestsPerPod"
+    INTER_TOKEN_LATENCY = "interTokenLatencySeconds"
+    DECODE_TOKENS_PER_POD = "decodeTokensPerSecondPerPod"
+
+
+SIGNAL_METRICS: dict[Signal, str] = {
+    Signal.WAITING_PER_POD: "vllm:num_requests_waiting (mean per Ready pod)",
+    Signal.QUEUE_TIME: "vllm:request_queue_time_seconds (mean over the last scrape interval)",
+    Signal.TIME_TO_FIRST_TOKEN: "vllm:time_to_first_token_seconds (mean over the interval)",
+    Signal.KV_CACHE_USAGE: "vllm:kv_cache_usage_perc (mean per Ready pod, 0-1)",
+    Signal.RUNNING_PER_POD: "vllm:num_requests_running (mean per Ready pod)",
+    Signal.INTER_TOKEN_LATENCY: "vllm:inter_token_latency_seconds (mean over the interval)",
+    Signal.DECODE_TOKENS_PER_POD: (
+        "vllm:spec_decode_num_accepted_tokens + vllm:spec_decode_num_drafts per second per pod, "
+        "against a target scaled by the measured acceptance (MTP decode only)"
+    ),
+}
+"""Where each signal comes from (the field reference and the README quote it)."""
+
+Source = Literal["Operator", "External"]
+OPERATOR: Source = "Operator"
+EXTERNAL: Source = "External"
+
+
+class Target(Model):
+    """One signal and the value per pod (or per request) the role should run at."""
+
+    # Not strict: the wire carries the enum's string value.
+    signal: Signal = Field(strict=False, description="The signal (README: Autoscaling).")
+    value: float = Field(
+        ge=1e-6,
+        le=1e9,
+        description="Target value: per Ready pod for the per-pod signals, seconds for latencies.",
+    )
+
+
+class ScalingRules(Model):
+    """One direction of HPA-style behavior: a stabilisation window and step limits."""
+
+    stabilization_window_seconds: int = Field(
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds over which the lowest (scale-up) or highest (scale-down) recommendation is "
+            "used: a short spike or dip does not move the count."
+        ),
+    )
+    period_seconds: int = Field(
+        default=60, ge=1, le=1800, description="The period the step limits count over."
+    )
+    max_pods: int | None = Field(
+        default=None, ge=1, le=1000, description="At most this many pods per period."
+    )
+    max_percent: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="At most this percent of the pods per period (the larger limit applies).",
+    )
+
+
+class Behavior(Model):
+    """Stabilisation and step limits per direction; an omitted direction keeps its defaults, and
+    a direction without maxPods or maxPercent keeps its default step limits."""
+
+    scale_up: ScalingRules | None = Field(
+        default=None, description="Default: a 30 s window, then +2 pods or +100% a minute."
+    )
+    scale_down: ScalingRules | None = Field(
+        default=None, description="Default: a 300 s window, then 1 pod a minute."
+    )
+
+
+_OPERATOR_ONLY = ("targets", "behavior", "tolerance", "expectedAcceptanceLength")
+
+EXTERNAL_FIELDS_RULE = Rule(
+    "self.source != 'External' || (" + " && ".join(f"!has(self.{f})" for f in _OPERATOR_ONLY) + ")",
+    "spec.autoscaling.<role>: targets, behavior, tolerance and expectedAcceptanceLength are read "
+    "by the operator's own scaler (source: Operator); a role with source: External is scaled "
+    "through its PDRoleScale by an HPA, whose metrics and behavior are its own: remove them or "
+    "set source: Operator",
+    lambda role: (
+        role.source != EXTERNAL
+        or (
+            all(getattr(role, f) is None for f in ("targets", "behavior", "tolerance"))
+            and role.expected_acceptance_length is None
+        )
+    ),
+)
+MIN_MAX_RULE = Rule(
+    "self.minReplicas <= self.maxReplicas",
+    "spec.autoscaling.<role>.minReplicas must be <= maxReplicas",
+    lambda role: role.min_replicas <= role.max_replicas,
+)
+TOKENS_NEED_ACCEPTANCE_RULE = Rule(
+    "!has(self.targets) || !self.targets.exists(t, t.signal == 'decodeTokensPerSecondPerPod') "
+    "|| has(self.expectedAcceptanceLength)",
+    "spec.autoscaling.<role>: the decodeTokensPerSecondPerPod target is the tokens a pod "
+    "sustains at a known MTP acceptance: set expectedAcceptanceLength (accepted tokens per "
+    "draft in your benchmark)",
+    lambda role: (
+        role.targets is None
+        or all(t.signal != Signal.DECODE_TOKENS_PER_POD for t in role.targets)
+        or role.expected_acceptance_length is not None
+    ),
+)
+
+
+class RoleAutoscaling(Model):
+    """How one engine role scales."""
+
+    RULES = (MIN_MAX_RULE, EXTERNAL_FIELDS_RULE, TOKENS_NEED_ACCEPTANCE_RULE)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
+    source: Source = Field(
+        default=OPERATOR,
+        description=(
+            "Operator: the operator's scaler decides from the engines' metrics. External: an "
+            "HPA/KEDA (or kubectl scale) sets the PDRoleScale <name>-<role>; the operator keeps "
+            "it within min/max and the ratio band."
+        ),
+    )
+    min_replicas: int = Field(ge=1, le=1000, description="Never fewer pods than this.")
+    max_replicas: int = Field(ge=1, le=1000, description="Never more pods than this.")
+    targets: Annotated[list[Target], ListMap("signal")] | None = Field(
+        default=None,
+        max_length=7,
+        description=(
+            "Signals and their targets; the largest count any of them asks for wins. Omitted: the "
+            "role's defaults (prefill: waitingRequestsPerPod 4, queueTimeSeconds 0.5; decode: "
+            "kvCacheUsage 0.8, runningRequestsPerPod 32, interTokenLatencySeconds 0.05)."
+        ),
+    )
+    behavior: Behavior | None = Field(
+        default=None, description="Stabilisation windows and step limits, as HPA's behavior."
+    )
+    tolerance: float | None = Field(
+        default=None,
+        ge=0,
+        le=0.99,
+        description="No signal moves the count while observed/target is within 1 +- this (0.1).",
+    )
+    expected_acceptance_length: float | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description=(
+            "MTP: accepted tokens per draft at which decodeTokensPerSecondPerPod's target was "
+            "measured; the target is scaled by (1 + observed) / (1 + this)."
+        ),
+    )
+
+
+class RatioBand(Model):
+    """prefill replicas / decode replicas stays within [min, max]."""
+
+    RULES = (
+        Rule(
+            "self.min <= self.max",
+            "spec.autoscaling.ratio.min must be <= spec.autoscaling.ratio.max",
+            lambda band: band.min <= band.max,
+        ),
+    )
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
+    min: float = Field(ge=0.001, le=1000, description="Lowest prefill:decode ratio, e.g. 0.25.")
+    max: float = Field(ge=0.001, le=1000, description="Highest prefill:decode ratio, e.g. 2.")
+
+
+def _bounds(spec: Any, role: str) -> tuple[int, int]:
+    scaling = getattr(spec.autoscaling, role)
+    if scaling is None:
+        replicas: int = getattr(spec, role).replicas
+        return replicas, replicas
+    return scaling.min_replicas, scaling.max_replicas
+
+
+def band_reachable(spec: Any) -> bool:
+    """Some whole pair (prefill, decode) within both roles' bounds lies inside the band."""
+    ratio = spec.autoscaling.ratio
+    if ratio is None:
+        return True
+    (p_low, p_high), (d_low, d_high) = _bounds(spec, "prefill"), _bounds(spec, "decode")
+    for decode in range(d_low, d_high + 1):
+        low = max(p_low, -int(-ratio.min * decode // 1))  # ceil
+        high = min(p_high, int(ratio.max * decode // 1))  # floor
+        if low <= high:
+            return True
+    return False
+
+
+def _cel_bounds(role: str) -> tuple[str, str]:
+    scaling = f"self.autoscaling.{role}"
+    fixed = f"self.{role}.replicas"
+    return (
+        f"(has({scaling}) ? {scaling}.minReplicas : {fixed})",
+        f"(has({scaling}) ? {scaling}.maxReplicas : {fixed})",
+    )
+
+
+_P_MIN, _P_MAX = _cel_bounds("prefill")
+_D_MIN, _D_MAX = _cel_bounds("decode")
+BAND_REACHABLE_RULE = Rule(
+    # CEL cannot loop over the counts, so the API server checks the band against the real
+    # interval (a necessary condition); `pdmtp validate`, the webhook and the operator check
+    # whole pairs (`band_reachable`), and the operator's status names a band no pair satisfies.
+    "!has(self.autoscaling) || !has(self.autoscaling.ratio) || ("
+    f"self.autoscaling.ratio.min * double({_D_MIN}) <= double({_P_MAX}) && "
+    f"double({_P_MIN}) <= self.autoscaling.ratio.max * double({_D_MAX}))",
+    "spec.autoscaling.ratio: no prefill and decode counts within the roles' minReplicas/"
+    "maxReplicas (a role without autoscaling keeps its replicas) give a prefill:decode ratio "
+    "inside [min, max]: widen the band or the bounds",
+    lambda spec: spec.autoscaling is None or band_reachable(spec),
+)
+
+
+class AutoscalingSpec(Model):
+    """Per-role autoscaling within a prefill:decode band."""
+
+    prefill: RoleAutoscaling | None = Field(
+        default=None, description="The prefill role; unset keeps spec.prefill.replicas."
+    )
+    decode: RoleAutoscaling | None = Field(
+        default=None, description="The decode role; unset keeps spec.decode.replicas."
+    )
+    ratio: RatioBand | None = Field(
+        default=None,
+        description="prefill:decode replicas no decision may leave (min/max replicas win).",
+    )
+    interval_seconds: int = Field(
+        default=15,
+        ge=1,
+        le=600,
+        description="Seconds between two scrapes and decisions (the windowed means span one).",
+    )
+    stale_after_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=3600,
+        description="A pod's scrape older than this counts as missing: no scale-down on it.",
+    )
+
+    def role(self, role: str) -> RoleAutoscaling | None:
+        scaling: RoleAutoscaling | None = getattr(self, role)
+        return scaling

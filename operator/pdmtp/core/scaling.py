@@ -1,0 +1,299 @@
+"""spec.autoscaling applied: the counts each role rolls to, from the autoscaler's decision. Pure.
+
+`scale(spec, old, pods, metrics, external, now)` turns the spec into an `AutoscalingPolicy`, the
+status's remembered recommendations and changes into the decision's history, the engine pods and
+their scrapes into observations, calls `pdmtp.core.autoscaling.decide` once per interval, and
+returns the desired count per role with the status to write and the events to post. Between two
+evaluations the counts stay as the status says, so a reconcile that an unrelated event triggers
+moves nothing; a changed bound (min/max, a role's own replicas, the band) or a new count on an
+External role's scale endpoint is acted on at once.
+
+The status is the only memory: a restarted operator resumes its windows from it, and a decision
+whose status write was refused is taken again at the next reconcile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.api.autoscaling import EXTERNAL, AutoscalingSpec, RoleAutoscaling
+from pdmtp.api.status import (
+    AutoscalingStatus,
+    RoleScaling,
+    ScaleChange,
+    ScaleSample,
+    SignalValue,
+)
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.api.vocabulary import EngineRole
+from pdmtp.core import autoscaling as a
+from pdmtp.core.actions import Event
+from pdmtp.core.observe import (
+    format_time,
+    is_terminating,
+    labels_of,
+    name_of,
+    parse_time,
+    pod_ready,
+)
+from pdmtp.core.promtext import Scrape
+
+Obj = Mapping[str, Any]
+
+EARLY_SECONDS = 0.5
+"""An evaluation this close to its interval counts as due (requeues land a little early)."""
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    """A pod's two latest scrapes, as the shell's metrics source holds them."""
+
+    latest: Scrape | None = None
+    previous: Scrape | None = None
+
+
+@dataclass(frozen=True)
+class Scaling:
+    desired: Mapping[EngineRole, int]
+    """The replicas each engine role rolls to."""
+    status: AutoscalingStatus
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    """When the next evaluation is due."""
+
+
+def _role_policy(
+    role: a.Role, scaling: RoleAutoscaling | None, replicas: int, spec: AutoscalingSpec
+) -> a.RolePolicy:
+    if scaling is None:  # not autoscaled: its own replicas, for the band's sake
+        return a.RolePolicy(replicas, replicas, {})
+    if scaling.source == EXTERNAL:
+        return a.RolePolicy(scaling.min_replicas, scaling.max_replicas, {})
+    base = a.default_role_policy(
+        role,
+        scaling.min_replicas,
+        scaling.max_replicas,
+        scaling.expected_acceptance_length,
+    )
+    targets = base.targets
+    if scaling.targets is not None:
+        targets = {t.signal: t.value for t in scaling.targets}
+    behavior = scaling.behavior
+    up, down = base.scale_up, base.scale_down
+    if behavior is not None and behavior.scale_up is not None:
+        up = _rules(behavior.scale_up, up)
+    if behavior is not None and behavior.scale_down is not None:
+        down = _rules(behavior.scale_down, down)
+    return a.RolePolicy(
+        scaling.min_replicas,
+        scaling.max_replicas,
+        targets,
+        scale_up=up,
+        scale_down=down,
+        tolerance=base.tolerance if scaling.tolerance is None else scaling.tolerance,
+        expected_acceptance_length=scaling.expected_acceptance_length,
+    )
+
+
+def _rules(spec: Any, default: a.ScalingRules) -> a.ScalingRules:
+    """A direction as the spec sets it; without step limits it keeps the default ones (as an
+    HPA's behavior without policies does)."""
+    limited = spec.max_pods is not None or spec.max_percent is not None
+    return a.ScalingRules(
+        stabilization_seconds=spec.stabilization_window_seconds,
+        period_seconds=spec.period_seconds if limited else default.period_seconds,
+        max_pods=spec.max_pods if limited else default.max_pods,
+        max_percent=spec.max_percent if limited else default.max_percent,
+    )
+
+
+def policy_of(spec: PDDeploymentSpec) -> a.AutoscalingPolicy:
+    """The decision's policy; `spec.autoscaling` must be set."""
+    auto = spec.autoscaling
+    assert auto is not None
+    roles = {
+        role: _role_policy(role, auto.role(role.value), spec.role(role.value).replicas, auto)
+        for role in a.Role
+    }
+    ratio = None if auto.ratio is None else a.RatioBand(auto.ratio.min, auto.ratio.max)
+    return a.AutoscalingPolicy(
+        roles[a.Role.PREFILL],
+        roles[a.Role.DECODE],
+        ratio,
+        staleness_seconds=float(auto.stale_after_seconds),
+    )
+
+
+def _history(role: RoleScaling | None) -> a.RoleHistory:
+    if role is None:
+        return a.RoleHistory()
+    recommendations = tuple(
+        a.Recommendation(at, s.replicas)
+        for s in role.recommendations
+        if (at := parse_time(s.at)) is not None
+    )
+    changes = tuple(
+        a.ScaleEvent(at, c.before, c.after)
+        for c in role.changes
+        if (at := parse_time(c.at)) is not None
+    )
+    return a.RoleHistory(recommendations, changes)
+
+
+def observations(
+    pods: Sequence[Obj], metrics: Mapping[str, PodMetrics], role: EngineRole
+) -> list[a.PodObservation]:
+    """The role's live engine pods (every revision: a roll's surge serves too) and scrapes."""
+    out = []
+    for pod in pods:
+        if labels_of(pod).get(v.LABEL_ROLE) != role or is_terminating(pod):
+            continue
+        seen = metrics.get(name_of(pod), PodMetrics())
+        out.append(a.PodObservation(name_of(pod), pod_ready(pod), seen.latest, seen.previous))
+    return out
+
+
+def role_scale_counts(others: Sequence[Obj], name: str) -> dict[EngineRole, int | None]:
+    """The count each role's PDRoleScale asks for (External roles read it)."""
+    out: dict[EngineRole, int | None] = {}
+    for obj in others:
+        labels = labels_of(obj)
+        if obj.get("kind") != v.ROLE_SCALE_KIND or labels.get(v.LABEL_NAME) != name:
+            continue
+        replicas = (obj.get("spec") or {}).get("replicas")
+        for role in v.ENGINE_ROLES:
+            if labels.get(v.LABEL_ROLE) == role and isinstance(replicas, int):
+                out[role] = replicas
+    return out
+
+
+def _clamp(value: int, rules: a.RolePolicy) -> int:
+    return min(max(value, rules.min_replicas), rules.max_replicas)
+
+
+def scale(
+    spec: PDDeploymentSpec,
+    old: AutoscalingStatus | None,
+    pods: Sequence[Obj],
+    metrics: Mapping[str, PodMetrics],
+    external: Mapping[EngineRole, int | None],
+    now: float,
+) -> Scaling:
+    """The counts the roles roll to, and the autoscaling status (spec.autoscaling is set)."""
+    auto = spec.autoscaling
+    assert auto is not None
+    policy = policy_of(spec)
+    before = {r.name: r for r in old.roles} if old is not None else {}
+    current = {
+        role: _clamp(
+            before[role].desired_replicas if role in before else spec.role(role).replicas,
+            policy[a.Role(role)],
+        )
+        for role in v.ENGINE_ROLES
+    }
+    last = None if old is None else parse_time(old.last_evaluation_time)
+    asked = {
+        role: external.get(role) if _source(auto, role) == EXTERNAL else None
+        for role in v.ENGINE_ROLES
+    }
+    moved = any(
+        role in before
+        and (
+            before[role].desired_replicas != current[role]
+            or (asked[role] is not None and asked[role] != before[role].recommendation)
+        )
+        for role in v.ENGINE_ROLES
+    )
+    unbanded = policy.ratio is not None and not (
+        policy.ratio.min <= current["prefill"] / current["decode"] <= policy.ratio.max
+    )
+    due = last is None or now >= last + auto.interval_seconds - EARLY_SECONDS
+    if not (due or moved or unbanded or set(before) != _autoscaled(auto)):
+        assert old is not None and last is not None
+        return Scaling(current, old, (), max(0.0, last + auto.interval_seconds - now))
+
+    decision = a.decide(
+        policy,
+        a.PerRole(observations(pods, metrics, "prefill"), observations(pods, metrics, "decode")),
+        a.PerRole(current["prefill"], current["decode"]),
+        a.PerRole(_history(before.get("prefill")), _history(before.get("decode"))),
+        now,
+        a.PerRole(asked["prefill"], asked["decode"]),
+    )
+    stamp = format_time(now)
+    roles, events = [], []
+    for role in v.ENGINE_ROLES:
+        made = decision.roles[a.Role(role)]
+        if role not in _autoscaled(auto):
+            continue
+        was = before.get(role)
+        if made.changed:
+            reason = (
+                reasons.AUTOSCALED_UP if made.desired > made.current else reasons.AUTOSCALED_DOWN
+            )
+            events.append(Event("Normal", reason, made.reason))
+        roles.append(_role_status(role, _source(auto, role), made, decision, pods, stamp, was))
+    desired = {role: decision.roles[a.Role(role)].desired for role in v.ENGINE_ROLES}
+    status = AutoscalingStatus(
+        last_evaluation_time=stamp, ratio_note=decision.ratio_note, roles=roles
+    )
+    return Scaling(desired, status, tuple(events), float(auto.interval_seconds))
+
+
+def _source(auto: AutoscalingSpec, role: EngineRole) -> str | None:
+    scaling = auto.role(role)
+    return None if scaling is None else scaling.source
+
+
+def _autoscaled(auto: AutoscalingSpec) -> set[str]:
+    return {role for role in v.ENGINE_ROLES if auto.role(role) is not None}
+
+
+def _role_status(
+    role: EngineRole,
+    source: str | None,
+    made: a.RoleDecision,
+    decision: a.Decision,
+    pods: Sequence[Obj],
+    stamp: str,
+    was: RoleScaling | None,
+) -> RoleScaling:
+    history = decision.history[a.Role(role)]
+    ready = sum(
+        1
+        for p in pods
+        if labels_of(p).get(v.LABEL_ROLE) == role and pod_ready(p) and not is_terminating(p)
+    )
+    last_scale = stamp if made.changed else (was.last_scale_time if was is not None else None)
+    return RoleScaling(
+        name=role,
+        source="External" if source == EXTERNAL else "Operator",
+        desired_replicas=made.desired,
+        current_replicas=ready,
+        recommendation=made.recommendation,
+        deciding_signal=None if made.deciding_signal is None else str(made.deciding_signal),
+        reason=made.reason[:4096],
+        last_scale_time=last_scale,
+        acceptance_length=None if made.acceptance is None else made.acceptance.observed,
+        signals=[
+            SignalValue(
+                signal=str(r.signal),
+                value=None if r.value is None else round(r.value, 6),
+                target=round(r.target, 6),
+                desired=r.desired,
+                coverage=r.coverage.value,
+            )
+            for r in made.readings
+        ],
+        recommendations=[
+            ScaleSample(at=format_time(x.at), replicas=x.replicas) for x in history.recommendations
+        ],
+        changes=[
+            ScaleChange(at=format_time(x.at), before=x.before, after=x.after)
+            for x in history.scale_events
+        ],
+    )

@@ -1,0 +1,166 @@
+"""The autoscaler's eyes: scrape every autoscaled PDDeployment's engine pods once per interval.
+
+A `Scraper` task wakes every second, and for each PDDeployment with spec.autoscaling whose
+interval has passed reads each live engine pod's metrics through a `MetricsSource`, keeps the two
+latest scrapes per pod (windowed signals need both), forgets pods that are gone, and queues the
+PDDeployment so its reconcile decides on the fresh numbers. It decides nothing itself.
+
+Two sources:
+
+- `HttpSource` (in a cluster): `GET http://<pod IP>:<metrics port>/metrics`, the engines'
+  metrics-only listener, which their NetworkPolicy opens to pods labelled
+  `pdmtp.io/metrics-scraper: "true"` (the operator's own pod is);
+- `DirectorySource` (the KWOK cluster tier, whose pod IPs are fake and must never be dialled):
+  `<dir>/<namespace>/<pod>.prom`, Prometheus text that the test writes; the file's modification
+  time is the scrape's time, so a file the test stops writing goes stale like a silent pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pdmtp.api import vocabulary as v
+from pdmtp.api.kinds import POD
+from pdmtp.cache import ChildStore, Table
+from pdmtp.core.observe import is_terminating, labels_of, name_of
+from pdmtp.core.promtext import Scrape, parse_scrape
+from pdmtp.core.scaling import PodMetrics
+
+log = logging.getLogger("pdmtp.scrape")
+
+Obj = Mapping[str, Any]
+Key = tuple[str, str]
+
+TIMEOUT_SECONDS = 2.0
+"""One scrape's bound: a pod that does not answer in time counts as silent this round."""
+CONCURRENCY = 8
+TICK_SECONDS = 1.0
+
+
+class MetricsSource(Protocol):
+    def read(self, pod: Obj) -> Scrape | None:
+        """The pod's metrics now, or None when it has none to give (not up, no answer)."""
+
+
+@dataclass(frozen=True)
+class HttpSource:
+    port: int = v.ENGINE_METRICS_PORT
+
+    def read(self, pod: Obj) -> Scrape | None:
+        ip = (pod.get("status") or {}).get("podIP")
+        if not ip:
+            return None
+        host = f"[{ip}]" if ":" in ip else ip
+        try:
+            with urllib.request.urlopen(
+                f"http://{host}:{self.port}/metrics", timeout=TIMEOUT_SECONDS
+            ) as answer:
+                text = answer.read().decode("utf-8", "replace")
+        except (OSError, urllib.error.URLError) as e:
+            log.debug("No metrics from %s: %s", name_of(pod), e)
+            return None
+        return parse_scrape(text, time.time())
+
+
+@dataclass(frozen=True)
+class DirectorySource:
+    root: Path
+
+    def read(self, pod: Obj) -> Scrape | None:
+        namespace = (pod.get("metadata") or {}).get("namespace", "")
+        path = self.root / namespace / f"{name_of(pod)}.prom"
+        try:
+            at = path.stat().st_mtime
+            text = path.read_text()
+        except OSError:
+            return None
+        return parse_scrape(text, at)
+
+
+def source_from(spec: str | None) -> MetricsSource:
+    """`--metrics-source`: unset or `http` dials the pods; `dir:PATH` reads files (tests)."""
+    if spec is None or spec == "http":
+        return HttpSource()
+    if spec.startswith("dir:"):
+        return DirectorySource(Path(spec[len("dir:") :]))
+    raise ValueError(f"--metrics-source must be http or dir:PATH, not {spec!r}")
+
+
+@dataclass
+class Scraper:
+    source: MetricsSource
+    pdds: Table
+    store: ChildStore
+    on_scraped: Callable[[Key], None]
+    """Called on the event loop after a PDDeployment's round (queue its reconcile)."""
+    seen: dict[Key, dict[str, PodMetrics]] = field(default_factory=dict)
+    due: dict[Key, float] = field(default_factory=dict)
+    rounds: int = 0
+
+    def metrics(self, namespace: str, name: str) -> dict[str, PodMetrics]:
+        return dict(self.seen.get((namespace, name), {}))
+
+    async def run(self) -> None:
+        limit = asyncio.Semaphore(CONCURRENCY)
+        while True:
+            now = time.monotonic()
+            for key in self.pdds.snapshot():
+                body = self.pdds.get(key)
+                interval = _interval(body)
+                if interval is None:
+                    self.seen.pop(key, None)
+                    self.due.pop(key, None)
+                    continue
+                if now < self.due.get(key, 0.0):
+                    continue
+                self.due[key] = now + interval
+                await self._round(key, limit)
+                self.on_scraped(key)
+            for gone in set(self.seen) - set(self.pdds.snapshot()):
+                self.seen.pop(gone, None)
+                self.due.pop(gone, None)
+            await asyncio.sleep(TICK_SECONDS)
+
+    async def _round(self, key: Key, limit: asyncio.Semaphore) -> None:
+        namespace, name = key
+        pods = [
+            p
+            for p in self.store.children(namespace, name).get(POD.kind, [])
+            if labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES and not is_terminating(p)
+        ]
+
+        async def one(pod: Obj) -> tuple[str, Scrape | None]:
+            async with limit:
+                return name_of(pod), await asyncio.to_thread(self.source.read, pod)
+
+        results = await asyncio.gather(*(one(p) for p in pods))
+        before = self.seen.get(key, {})
+        now: dict[str, PodMetrics] = {}
+        for pod, scrape in results:
+            was = before.get(pod, PodMetrics())
+            if scrape is None:
+                now[pod] = was  # silent this round: its last scrape ages into staleness
+            elif was.latest is not None and was.latest.at >= scrape.at:
+                now[pod] = was  # nothing new (a file not rewritten)
+            else:
+                now[pod] = PodMetrics(scrape, was.latest)
+        self.seen[key] = now
+        self.rounds += 1
+
+
+def _interval(body: Obj | None) -> float | None:
+    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    auto = (body.get("spec") or {}).get("autoscaling")
+    if not isinstance(auto, Mapping):
+        return None
+    seconds = auto.get("intervalSeconds", 15)
+    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else 15.0
