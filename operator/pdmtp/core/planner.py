@@ -56,7 +56,7 @@ first shrinks A to 1 (spare 2 - 1 = 1), freeing room: one pair is replaced at a 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -292,7 +292,14 @@ def _plan(
     hold: _Hold | None,
 ) -> Step:
     assert target.revision is not None
+    floor = availability_floor(target, policy)
     goal = {r: target.replicas(r) if hold is None else hold.share[r] for r in ENGINE_ROLES}
+    if update.serving:
+        for r in ENGINE_ROLES:
+            # A goal below its replicas (a canary's share after a scale-down) never takes the
+            # ready pods the floor still needs from it: the anchor does not grow to carry them.
+            needed = floor[r] - sum(s.role(r).ready for s in olds if s.serving)
+            goal[r] = max(goal[r], min(update.role(r).replicas, needed))
 
     # 1. Scale the update revision up within the surge budget (to its share, in a canary).
     ceiling = {r: target.replicas(r) + policy.max_surge for r in ENGINE_ROLES}
@@ -309,7 +316,6 @@ def _plan(
             update_replicas[r] = max(update_replicas[r], update.role(r).replicas)
 
     # 2. Shrink, un-route and retire old revisions, least established first (invariant 5).
-    floor = availability_floor(target, policy)
     available = {
         r: sum(s.role(r).ready for s in (update, *olds) if s.serving) for r in ENGINE_ROLES
     }
@@ -353,7 +359,7 @@ def _plan(
     )
     plans = (*old_plans, update_plan)
 
-    if hold is not None and _held(update, olds, hold):
+    if hold is not None and _held(update, olds, hold, goal):
         return Step(plans, "Held", f"canary holds next to {hold.anchor}", requeue)
     if _complete(update, olds, target):
         return Step(plans, "Complete", requeue_after=requeue)
@@ -374,13 +380,19 @@ def _wedged(olds: Sequence[RevisionState], old_plans: Sequence[RevisionPlan]) ->
     )
 
 
-def _held(update: RevisionState, olds: Sequence[RevisionState], hold: _Hold) -> bool:
-    """The canary share serves and the anchor is down to what it keeps; nothing else is left."""
+def _held(
+    update: RevisionState,
+    olds: Sequence[RevisionState],
+    hold: _Hold,
+    goal: Mapping[EngineRole, int],
+) -> bool:
+    """The canary's goal (its share, or what the floor needs of it) serves and the anchor is
+    down to what it keeps; nothing else is left."""
     anchor = next(o for o in olds if o.revision == hold.anchor)
     return (
         len(olds) == 1
         and update.serving
-        and all(update.role(r).ready == update.role(r).pods == hold.share[r] for r in ENGINE_ROLES)
+        and all(update.role(r).ready == update.role(r).pods == goal[r] for r in ENGINE_ROLES)
         and all(
             anchor.role(r).pods == anchor.role(r).replicas == hold.keep[r] for r in ENGINE_ROLES
         )
