@@ -101,7 +101,7 @@ class Watch:
     monitor: InvariantMonitor
     policy: Policy
     canary: int | None
-    target: Target = NEW
+    target: Target
     pods: dict[EngineRole, int] = field(default_factory=dict)
     serving: set[str] = field(default_factory=set)
     ready_new: dict[EngineRole, int] = field(default_factory=dict)
@@ -110,6 +110,11 @@ class Watch:
     """The new revision's pods that were ready when the replicas last changed."""
     keep: dict[EngineRole, int] = field(default_factory=dict)
     """How many of them must stay: the lowest goal since then."""
+
+    @property
+    def new(self) -> str:
+        assert self.target.revision is not None
+        return self.target.revision
 
     def goal(self, role: EngineRole) -> int:
         """What the new revision may keep of a role: its canary share while one holds."""
@@ -120,7 +125,7 @@ class Watch:
     def rescale(self, target: Target) -> None:
         self.target = target
         self.monitor.rescale(self.sim.observe(), target)
-        rev = self.sim.revisions.get("bbbb")
+        rev = self.sim.revisions.get(self.new)
         for role in ENGINE_ROLES:
             ready = [p.name for p in live(rev.workloads[role].pods) if p.ready] if rev else []
             self.kept[role] = set(ready)
@@ -149,7 +154,7 @@ class Watch:
         self._progress_kept(where)
 
     def _progress_kept(self, where: str) -> None:
-        rev = self.sim.revisions.get("bbbb")
+        rev = self.sim.revisions.get(self.new)
         if rev is None:
             return
         if self.update is None:
@@ -198,12 +203,14 @@ class Roll:
     """The tick the canary held at (None: it never did)."""
 
     @classmethod
-    def start(cls, policy: Policy, canary: int | None) -> Roll:
-        sim = SimCluster.serving("aaaa", START)
+    def start(
+        cls, policy: Policy, canary: int | None, start: Target = START, new: Target = NEW
+    ) -> Roll:
+        sim = SimCluster.serving(start.revision or "", start)
         sim.terminate_ticks = TERMINATE_TICKS
         monitor = InvariantMonitor(policy)
-        monitor.retarget(sim.observe(), NEW)
-        watch = Watch(sim, monitor, policy, canary)
+        monitor.retarget(sim.observe(), new)
+        watch = Watch(sim, monitor, policy, canary, new)
         watch.moment("start")
         return cls(sim, watch, random.Random(SEED))
 
@@ -236,12 +243,12 @@ class Roll:
 
 def assert_done_at(roll: Roll, counts: Counts) -> None:
     states = roll.sim.observe()
-    assert [s.revision for s in states] == ["bbbb"], f"left behind: {states}"
+    assert [s.revision for s in states] == [roll.watch.new], f"left behind: {states}"
     (final,) = states
     for role, n in zip(ENGINE_ROLES, counts, strict=True):
         state = final.role(role)
         assert state.replicas == state.pods == state.ready == n, (role, state)
-        names = {p.name for p in live(roll.sim.revisions["bbbb"].workloads[role].pods)}
+        names = {p.name for p in live(roll.sim.revisions[roll.watch.new].workloads[role].pods)}
         kept = roll.watch.kept.get(role, set())
         assert len(kept & names) >= min(len(kept), roll.watch.keep[role]), (
             f"{role}: pods ready when the replicas changed were replaced: {kept - names}"
@@ -330,6 +337,24 @@ def test_a_scale_up_right_after_a_scale_down_waits_for_the_terminating_pods() ->
     new = step.for_revision("bbbb")
     assert new is not None and new.decode == 1
     assert step.outcome == "Progress"
+
+
+def test_a_canary_scaled_down_keeps_what_the_floor_needs_of_it() -> None:
+    """Found by the every-tick walk (canary 50%, maxSurge 1, maxUnavailable 0; prefill 1 -> 5 ->
+    4 while held): the anchor kept 1 prefill (it never grows) and the canary 3 (its share of 5).
+    At 4 the share is 2, and before the fix the planner cut the canary to it: 3 ready prefill
+    pods, under the floor of 4. The canary now keeps the 3 the floor needs, and holds there."""
+    observed = [
+        RevisionState("aaaa", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1)),
+        RevisionState(
+            "bbbb", RoleState(3, 3, 3), RoleState(1, 1, 1), RoleState(1, 1, 1), created=1.0
+        ),
+    ]
+    policy = Policy(1, 0, 2, canary_percent=50)
+    step = plan(observed, Target("bbbb", 4, 1, 1), policy, now=9.0)
+    new = step.for_revision("bbbb")
+    assert new is not None and (new.prefill, new.decode) == (3, 1)
+    assert step.outcome == "Held"
 
 
 def test_the_ceiling_check_catches_a_planner_that_keeps_the_old_ceiling(
