@@ -29,11 +29,13 @@ venv: $(VENV)/.installed ## Create .venv with pdmtp and its test/dev tools
 .PHONY: generate
 generate: venv ## Regenerate crds/ and docs/api-reference.md from the pydantic model
 	$(VENV)/bin/pdmtp crd > crds/pdmtp.io_pddeployments.yaml
+	$(VENV)/bin/pdmtp crd --kind PDRoleScale > crds/pdmtp.io_pdrolescales.yaml
 	$(VENV)/bin/pdmtp docs > docs/api-reference.md
 
 .PHONY: verify
 verify: venv ## Fail if crds/ or docs/ drifted from the model
 	diff -u crds/pdmtp.io_pddeployments.yaml <($(VENV)/bin/pdmtp crd)
+	diff -u crds/pdmtp.io_pdrolescales.yaml <($(VENV)/bin/pdmtp crd --kind PDRoleScale)
 	diff -u docs/api-reference.md <($(VENV)/bin/pdmtp docs)
 
 .PHONY: lint

@@ -21,8 +21,9 @@ fi
 "$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.allocatable.nvidia\.com/gpu,READY:.status.conditions[?(@.type=="Ready")].status'
 
 step "CRD"
-"$KUBECTL" apply -f crds/pdmtp.io_pddeployments.yaml
-"$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io --timeout=60s
+"$KUBECTL" apply -f crds/pdmtp.io_pddeployments.yaml -f crds/pdmtp.io_pdrolescales.yaml
+"$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io crd/pdrolescales.pdmtp.io \
+  --timeout=60s
 
 step "Operator (log: $STATE/operator.log)"
 if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then

@@ -254,6 +254,10 @@ class Reflector:
                     error = f"the API server does not serve {self.kind.plural}.{self.kind.group}"
                     if self.kind.group:
                         error += " (is its CRD installed?)"
+                    if self.kind.optional:  # none can exist: an empty view is a full one
+                        for changed in self.store.replace(self.kind.kind, self.namespace, []):
+                            self.notify(changed)
+                        self.synced.set()
                 else:
                     error = str(e)
                 self._set_watching(False, error)

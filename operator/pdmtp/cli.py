@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
 from pdmtp.api.crd import crd_yaml
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ROLES
@@ -190,12 +191,12 @@ def _documents_or_none(path: str) -> list[Any]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    verdicts = [v for path in args.files for v in validate_file(path)]
+    verdicts = [verdict for path in args.files for verdict in validate_file(path)]
     if args.server:
         verdicts = server_verdicts(verdicts, args.files, args)
-    for v in verdicts:
-        print(json.dumps(v.as_json()) if args.output == "json" else v.as_text())
-    return max(v.exit_code for v in verdicts)
+    for verdict in verdicts:
+        print(json.dumps(verdict.as_json()) if args.output == "json" else verdict.as_text())
+    return max(verdict.exit_code for verdict in verdicts)
 
 
 # ---- render -----------------------------------------------------------------------------------
@@ -469,7 +470,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    print(crd_yaml(), end="")
+    print(crd_yaml(args.kind), end="")
     return 0
 
 
@@ -487,7 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("crd", help="print the PDDeployment CRD (generated from the model)")
+    p = sub.add_parser("crd", help="print a CRD (generated from the model)")
+    p.add_argument(
+        "--kind",
+        choices=[v.KIND, v.ROLE_SCALE_KIND],
+        default=v.KIND,
+        help="PDDeployment (default) or PDRoleScale (an External-autoscaled role's /scale)",
+    )
     p.set_defaults(func=cmd_crd)
 
     p = sub.add_parser("docs", help="print the PDDeployment field reference (Markdown)")

@@ -29,7 +29,16 @@ from kopf._cogs.structs.references import Insights
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, WATCHED
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
-from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale
+from pdmtp.core.actions import (
+    Action,
+    Annotate,
+    Apply,
+    Delete,
+    Event,
+    Rejection,
+    Scale,
+    SetStatus,
+)
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.core.validation import validate
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
@@ -339,6 +348,12 @@ class Controller:
             self.kube.delete(action.kind, namespace, action.name)
             self.store.drop(action.kind, namespace, action.name)
             log.info("Deleted %s", action.key)
+        elif isinstance(action, SetStatus):
+            written = self.kube.patch_status(
+                namespace, action.name, action.status, action.old, action.kind
+            )
+            if written is not None:
+                self.store.put(action.kind, written)
         elif isinstance(action, Annotate):
             body = {"metadata": {"annotations": dict(action.annotations)}}
             patched = self.kube.patch(

@@ -250,7 +250,12 @@ class Kube:
         self._request("POST", EVENT.path(meta.get("namespace", "")), body=body)
 
     def patch_status(
-        self, namespace: str, name: str, new: Mapping[str, Any], old: Mapping[str, Any]
+        self,
+        namespace: str,
+        name: str,
+        new: Mapping[str, Any],
+        old: Mapping[str, Any],
+        kind: str = v.KIND,
     ) -> dict[str, Any] | None:
         """Replace .status with `new` (a merge patch that also clears fields `new` dropped);
         the object written, or None when it is gone."""
@@ -259,7 +264,7 @@ class Kube:
         try:
             return self._request(
                 "PATCH",
-                path(v.KIND, namespace, name, "status"),
+                path(kind, namespace, name, "status"),
                 body={"status": patch},
                 content_type="application/merge-patch+json",
             )

@@ -143,8 +143,9 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:
-    """The product CRD, installed once per session and served."""
+    """The product CRDs, installed once per session and served."""
     install_crd(cluster.api_client, REPO / "crds" / "pdmtp.io_pddeployments.yaml")
+    install_crd(cluster.api_client, REPO / "crds" / "pdmtp.io_pdrolescales.yaml")
 
 
 @pytest.fixture

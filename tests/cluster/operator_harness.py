@@ -358,6 +358,16 @@ class RolloutWatcher:
             for role, ceiling in before.items():
                 self.monitor.max_pods[role] = max(ceiling, self.monitor.max_pods[role])
 
+    def rescale(self, spec: PDDeploymentSpec) -> None:
+        """The same roll at the counts of `spec` (an autoscaler's): bounds move, the anchor
+        stays; as in `expect`, the pods ceiling keeps the higher of old and new."""
+        target, _ = target_and_policy(check(spec))
+        with self._lock:
+            before = dict(self.monitor.max_pods)
+            self.monitor.rescale(self._states(), target)
+            for role, ceiling in before.items():
+                self.monitor.max_pods[role] = max(ceiling, self.monitor.max_pods[role])
+
     def stop(self) -> None:
         self._stop.set()
         for t in self._threads:

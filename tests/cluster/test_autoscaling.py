@@ -5,6 +5,8 @@ stale metrics, and takes a new count in the middle of a paired rollout without b
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -294,7 +296,7 @@ def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_r
         )
         # Mid-roll, decode's load doubles: 2 -> 4 pods, applied to the roll as it stands. The
         # watcher's bounds move to the new count first (the operator acts within a scrape).
-        watcher.expect(b.decode(replicas=4).build().spec)
+        watcher.rescale(b.decode(replicas=4).build().spec)
         files.set("decode", kv=1.0)
         until(
             api,
@@ -311,3 +313,93 @@ def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_r
         {"revision": new_rev, "phase": "Serving", "prefill": "2/2", "decode": "4/4", "routers": 1}
     ]
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+
+
+def kubectl(cluster: Cluster, *args: str) -> str:
+    binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
+    done = subprocess.run(
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_kubectl_scale_on_an_external_roles_scale_endpoint_changes_that_role(
+    cluster: Cluster, namespace: str, scaled_operator: OperatorProcess
+) -> None:
+    api = cluster.api_client
+    name = "external"
+    b = ready_after(pdd(name).prefill(replicas=1).decode(replicas=2), ms=300).set(
+        autoscaling={
+            "decode": {"source": "External", "minReplicas": 1, "maxReplicas": 4},
+            "ratio": {"min": 0.25, "max": 1},
+        }
+    )
+    create_pdd(api, namespace, b.dict())
+    wait_settled(api, namespace, name)
+    scale = wait_for(
+        lambda: json.loads(
+            kubectl(cluster, "-n", namespace, "get", "pdrolescale", f"{name}-decode", "-o", "json")
+        ),
+        "the decode role's PDRoleScale",
+        30,
+        transient=(AssertionError,),
+    )
+    assert scale["spec"]["replicas"] == 2
+    assert scale["metadata"]["ownerReferences"][0]["name"] == name
+    # The scale subresource is what an HPA reads: the role's pods and their selector.
+    got = wait_for(
+        lambda: (
+            (
+                s := json.loads(
+                    kubectl(
+                        cluster,
+                        "-n",
+                        namespace,
+                        "get",
+                        "--raw",
+                        f"/apis/pdmtp.io/v1alpha1/namespaces/{namespace}/pdrolescales/{name}-decode/scale",
+                    )
+                )
+            )["status"].get("selector")
+            and s
+        ),
+        "the scale subresource's status",
+        30,
+    )
+    assert got["status"] == {
+        "replicas": 2,
+        "selector": f"{v.LABEL_NAME}={name},{v.LABEL_ROLE}=decode",
+    }
+    kubectl(cluster, "-n", namespace, "scale", "pdrolescale", f"{name}-decode", "--replicas=4")
+    wait_for(lambda: ready_pods(api, namespace, name, "decode") == 4, "4 Ready decode pods", 60)
+    obj = wait_settled(api, namespace, name)
+    decode = scaling_of(obj, "decode")
+    assert (decode["desiredReplicas"], decode["source"]) == (4, "External")
+    assert "set to 4 through its scale endpoint" in decode["reason"]
+    # Beyond maxReplicas: clamped, and the status says so.
+    kubectl(cluster, "-n", namespace, "scale", "pdrolescale", f"{name}-decode", "--replicas=9")
+    obj = until(
+        api,
+        namespace,
+        name,
+        lambda o: "maxReplicas 4" in scaling_of(o, "decode").get("reason", ""),
+        "the clamp in the reason",
+        30,
+    )
+    assert scaling_of(obj, "decode")["desiredReplicas"] == 4
+    # Back to the operator's own scaler: the scale endpoint goes.
+    auto = {"decode": {"source": "Operator", "minReplicas": 1, "maxReplicas": 4}}  # a merge
+    patch_spec(api, namespace, name, {**b.dict()["spec"], "autoscaling": auto})
+    wait_for(
+        lambda: (
+            not json.loads(kubectl(cluster, "-n", namespace, "get", "pdrolescales", "-o", "json"))[
+                "items"
+            ]
+        ),
+        "the PDRoleScale deleted",
+        30,
+    )

@@ -149,6 +149,9 @@ def test_every_kind_the_core_applies_is_watched_and_writable() -> None:
     # it would be re-created on every pass.
     body = pdd("x").dict()
     body["metadata"].update(namespace="ns", uid="u-1", generation=1)
+    body["spec"]["autoscaling"] = {
+        "decode": {"source": "External", "minReplicas": 1, "maxReplicas": 2}
+    }  # so the External role's scale endpoint is among them
     applied = {a.kind for a in decide(Observed(body), 0.0).actions if isinstance(a, Apply)}
     assert applied == {k.kind for k in kinds.WATCHED if k is not kinds.POD}
     for kind in applied:
@@ -169,8 +172,12 @@ def _served_paths() -> set[str]:
 
 @pytest.mark.parametrize("kind", [*kinds.KINDS, *kinds.KOPF], ids=lambda k: k.kind)
 def test_paths_are_the_api_servers(kind: kinds.Kind) -> None:
-    if kind is kinds.PDDEPLOYMENT:
-        crd = yaml.safe_load((REPO / "crds" / "pdmtp.io_pddeployments.yaml").read_text())["spec"]
+    ours = {
+        kinds.PDDEPLOYMENT: "pdmtp.io_pddeployments.yaml",
+        kinds.ROLE_SCALE: "pdmtp.io_pdrolescales.yaml",
+    }
+    if kind in ours:
+        crd = yaml.safe_load((REPO / "crds" / ours[kind]).read_text())["spec"]
         (version,) = crd["versions"]
         assert (crd["group"], version["name"], crd["names"]["plural"], crd["names"]["kind"]) == (
             kind.group,

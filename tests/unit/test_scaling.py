@@ -11,7 +11,7 @@ import pytest
 from builders import PDDBuilder, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.actions import Annotate, Apply
+from pdmtp.core.actions import Annotate, Apply, Delete, SetStatus
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision, Observed, decide
 from pdmtp.core.scaling import PodMetrics
@@ -235,3 +235,22 @@ def test_scaling_never_writes_a_new_template() -> None:
     engine = [a for a in d.actions if isinstance(a, Apply) and a.key.endswith("-decode")]
     assert engine, "the scale-up is written"
     assert all(a.exists for a in engine)
+
+
+def test_an_external_role_gets_a_scale_endpoint_with_its_selector_and_loses_it_after() -> None:
+    w = World(autoscaled({"source": "External", "minReplicas": 1, "maxReplicas": 5}))
+    first = w.step()
+    (created,) = [a for a in first.actions if isinstance(a, Apply) and a.kind == "PDRoleScale"]
+    assert created.key == "PDRoleScale/x-decode" and created.manifest["spec"] == {"replicas": 2}
+    owner = created.manifest["metadata"]["ownerReferences"][0]
+    assert owner["kind"] == "PDDeployment" and owner["controller"] is True
+    w.settle()
+    d = w.step(seconds=1)
+    assert not [a for a in d.actions if isinstance(a, Apply) and a.kind == "PDRoleScale"]
+    (status,) = [a for a in d.actions if isinstance(a, SetStatus)]
+    assert status.status == {"replicas": 2, "selector": "pdmtp.io/name=x,pdmtp.io/role=decode"}
+    w.objs["PDRoleScale/x-decode"]["status"] = dict(status.status)
+    assert not [a for a in w.step(seconds=1).actions if isinstance(a, SetStatus)]
+    w.b = autoscaled(kv_only())  # back to the operator's own scaler
+    d = w.step(seconds=1)
+    assert [a.key for a in d.actions if isinstance(a, Delete)] == ["PDRoleScale/x-decode"]

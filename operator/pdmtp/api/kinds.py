@@ -34,6 +34,9 @@ class Kind:
     """Listed and watched into the child cache (objects labelled managed-by pdmtp)."""
     status_verbs: frozenset[Verb] = frozenset()
     """What it does with the status subresource."""
+    optional: bool = False
+    """Its CRD may be missing (an install that predates it): the cache then holds none of it
+    rather than wait for it, and writing one is refused (reported in status)."""
 
     @property
     def api_version(self) -> str:
@@ -80,6 +83,18 @@ CONTROLLER_REVISION: Final = Kind(
     "ControllerRevision", "apps", "v1", "controllerrevisions", OWN, watched=True
 )
 """Revision history (`pdmtp rollout undo`): one per spec, pruned to the limit."""
+ROLE_SCALE: Final = Kind(
+    v.ROLE_SCALE_KIND,
+    v.GROUP,
+    v.VERSION,
+    v.ROLE_SCALE_PLURAL,
+    OWN,
+    watched=True,
+    status_verbs=_verbs("patch"),
+    optional=True,
+)
+"""An External-autoscaled role's scale endpoint: created once (its spec.replicas is then the
+HPA's), status written, deleted when the role stops being External."""
 EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
 """Events about PDDeployments, posted only."""
 PDDEPLOYMENT: Final = Kind(v.KIND, v.GROUP, v.VERSION, v.PLURAL, READ, status_verbs=_verbs("patch"))
@@ -93,6 +108,7 @@ KINDS: Final = (
     SERVICE_ACCOUNT,
     NETWORK_POLICY,
     CONTROLLER_REVISION,
+    ROLE_SCALE,
     EVENT,
     PDDEPLOYMENT,
 )

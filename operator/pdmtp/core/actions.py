@@ -56,6 +56,21 @@ class Scale:
 
 
 @dataclass(frozen=True)
+class SetStatus:
+    """Write a child's status subresource (a PDRoleScale's replicas and selector)."""
+
+    kind: str
+    name: str
+    status: Mapping[str, Any]
+    old: Mapping[str, Any]
+    """The status observed, so fields it has and `status` drops are cleared."""
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.name}/status"
+
+
+@dataclass(frozen=True)
 class Delete:
     kind: str
     name: str
@@ -81,7 +96,7 @@ class Annotate:
         return f"Pod/{self.name}"
 
 
-Action = Apply | Scale | Delete | Annotate
+Action = Apply | Scale | Delete | Annotate | SetStatus
 
 
 @dataclass(frozen=True)

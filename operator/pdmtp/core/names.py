@@ -24,6 +24,16 @@ def router_account(name: str) -> str:
     return f"{name}-router"
 
 
+def role_scale(name: str, role: Role) -> str:
+    """The PDRoleScale of an External-autoscaled role: `<name>-<role>` (what an HPA targets)."""
+    return f"{name}-{role}"
+
+
+def role_selector(name: str, role: Role) -> str:
+    """The label selector of a role's pods across revisions (a PDRoleScale's status)."""
+    return f"{v.LABEL_NAME}={name},{v.LABEL_ROLE}={role}"
+
+
 def base_labels(name: str) -> dict[str, str]:
     """Labels every child carries: enough to list all of a PDDeployment's objects."""
     return {v.LABEL_NAME: name, v.LABEL_MANAGED_BY: v.MANAGED_BY}

@@ -56,7 +56,13 @@ from pdmtp.core.removal import EnginePod, Removal, gate
 from pdmtp.core.render import engine_deployment, router_deployment, shared_children
 from pdmtp.core.revision import target_and_policy
 from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
-from pdmtp.core.scaling import PodMetrics, Scaling, role_scale_counts, scale
+from pdmtp.core.scaling import (
+    PodMetrics,
+    Scaling,
+    role_scale_actions,
+    role_scale_counts,
+    scale,
+)
 from pdmtp.core.validation import validate
 
 Obj = Mapping[str, Any]
@@ -230,6 +236,9 @@ def decide(observed: Observed, now: float) -> Decision:
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             retired.add(p.revision)
+
+    desired = {r: spec_target.replicas(r) for r in v.ENGINE_ROLES}
+    actions += role_scale_actions(pdd, desired, observed.others, pods)
 
     if steering.spec_revision is not None:
         live = {s.revision for s in states}

@@ -28,10 +28,11 @@ from pdmtp.api.status import (
     ScaleSample,
     SignalValue,
 )
-from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import autoscaling as a
-from pdmtp.core.actions import Event
+from pdmtp.core import names
+from pdmtp.core.actions import Action, Apply, Delete, Event, SetStatus
 from pdmtp.core.observe import (
     format_time,
     is_terminating,
@@ -41,6 +42,7 @@ from pdmtp.core.observe import (
     pod_ready,
 )
 from pdmtp.core.promtext import Scrape
+from pdmtp.core.render import owner_reference
 
 Obj = Mapping[str, Any]
 
@@ -169,6 +171,58 @@ def role_scale_counts(others: Sequence[Obj], name: str) -> dict[EngineRole, int 
             if labels.get(v.LABEL_ROLE) == role and isinstance(replicas, int):
                 out[role] = replicas
     return out
+
+
+def role_scale_actions(
+    pdd: PDDeployment,
+    desired: Mapping[EngineRole, int],
+    others: Sequence[Obj],
+    pods: Sequence[Obj],
+) -> list[Action]:
+    """Each External role's PDRoleScale: created once at the role's count (its spec.replicas is
+    then the HPA's, never written again), its status kept to the role's live pods and selector;
+    deleted once the role is no longer External."""
+    name = pdd.metadata.name
+    auto = pdd.spec.autoscaling
+    existing = {
+        name_of(o): o
+        for o in others
+        if o.get("kind") == v.ROLE_SCALE_KIND and labels_of(o).get(v.LABEL_NAME) == name
+    }
+    actions: list[Action] = []
+    for role in v.ENGINE_ROLES:
+        child = names.role_scale(name, role)
+        current = existing.get(child)
+        if auto is None or _source(auto, role) != EXTERNAL:
+            if current is not None:
+                actions.append(Delete(v.ROLE_SCALE_KIND, child))
+            continue
+        if current is None:
+            actions.append(Apply(role_scale_manifest(pdd, role, desired[role]), exists=False))
+            continue
+        live = sum(
+            1 for p in pods if labels_of(p).get(v.LABEL_ROLE) == role and not is_terminating(p)
+        )
+        status = {"replicas": live, "selector": names.role_selector(name, role)}
+        seen = current.get("status") or {}
+        if {k: seen.get(k) for k in status} != status:
+            actions.append(SetStatus(v.ROLE_SCALE_KIND, child, status, seen))
+    return actions
+
+
+def role_scale_manifest(pdd: PDDeployment, role: EngineRole, replicas: int) -> dict[str, Any]:
+    name = pdd.metadata.name
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.ROLE_SCALE_KIND,
+        "metadata": {
+            "name": names.role_scale(name, role),
+            "namespace": pdd.metadata.namespace,
+            "labels": {**names.base_labels(name), v.LABEL_ROLE: role},
+            "ownerReferences": [owner_reference(pdd)],
+        },
+        "spec": {"replicas": replicas},
+    }
 
 
 def _clamp(value: int, rules: a.RolePolicy) -> int:
