@@ -109,20 +109,21 @@ class Scraper:
         return dict(self.seen.get((namespace, name), {}))
 
     async def run(self) -> None:
-        limit = asyncio.Semaphore(CONCURRENCY)
+        limit = asyncio.Semaphore(CONCURRENCY)  # scrapes in flight, across PDDeployments
         while True:
             now = time.monotonic()
+            due = []
             for key in self.pdds.snapshot():
-                body = self.pdds.get(key)
-                interval = _interval(body)
+                interval = _interval(self.pdds.get(key))
                 if interval is None:
                     self.seen.pop(key, None)
                     self.due.pop(key, None)
-                    continue
-                if now < self.due.get(key, 0.0):
-                    continue
-                self.due[key] = now + interval
-                await self._round(key, limit)
+                elif now >= self.due.get(key, 0.0):
+                    self.due[key] = now + interval
+                    due.append(key)
+            # One slow PDDeployment (pods that time out) does not delay the others' rounds.
+            await asyncio.gather(*(self._round(key, limit) for key in due))
+            for key in due:
                 self.on_scraped(key)
             for gone in set(self.seen) - set(self.pdds.snapshot()):
                 self.seen.pop(gone, None)
