@@ -51,6 +51,10 @@ lint: venv ## ruff, mypy --strict, import-linter (the core stays pure)
 cluster-bins: ## Build etcd, kube-apiserver, -controller-manager, -scheduler, kubectl, KWOK (cached)
 	hack/build-cluster-bins.sh
 
+.PHONY: keda-bins
+keda-bins: ## Build KEDA's operator and metrics adapter for the autoscaling test (cached)
+	hack/keda/build.sh
+
 .PHONY: cluster-up
 cluster-up: venv cluster-bins ## Start the local control plane with fake GPU nodes (.cluster/)
 	$(PY) tests/support/localcluster.py up --dir .cluster
