@@ -600,6 +600,9 @@ class LocalCluster:
             # become a node failure too: KWOK's leases go unrenewed while the API server is down,
             # and the node lifecycle controller would then mark every pod unready.
             "--node-monitor-grace-period=3m",
+            # HPAs (tests/cluster/test_keda.py) act within a second of a metric change instead of
+            # at the next 15 s sync; a new HPA waits one period before its first look, too.
+            "--horizontal-pod-autoscaler-sync-period=1s",
         ]
 
     def _scheduler_args(self) -> list[str]:
