@@ -108,7 +108,7 @@ test-pd-cpu: venv ## CPU P/D tier: real vLLM prefill + decode over Mooncake TCP 
 	  "$$PD_CPU_PY" -m pytest tests/pd_cpu -q -p no:cacheprovider -c tests/pd_cpu/pytest.ini
 
 .PHONY: test-cluster
-test-cluster: venv cluster-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
+test-cluster: venv cluster-bins keda-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
 	$(PY) -m pytest tests/cluster -q -m cluster
 
 .PHONY: bench-scale
