@@ -323,6 +323,10 @@ class RolloutWatcher:
     that dies mid-create loses the answer, and the ReplicaSet controller makes the pod again:
     one too many, deleted soon after. Kubernetes' doing, not a decision of the operator's."""
     monitor: InvariantMonitor = field(init=False)
+    _surplus: set[str] = field(default_factory=set)
+    """Pods left out as a surplus at some point."""
+    _counted: set[str] = field(default_factory=set)
+    """Pods counted while they lived."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -432,14 +436,22 @@ class RolloutWatcher:
         # Kept in the order the ReplicaSet controller keeps pods when it removes a surplus: Ready
         # first, then the highest pod-deletion-cost (the operator gives a pod leaving routing
         # the lowest, so that one goes), then the oldest.
+        # A pod never counted while it lived (surplus all along: the ReplicaSet's duplicate) stays
+        # left out while it terminates; one counted before (a scale-down's) counts to the end.
         for p in sorted(pods, key=_surplus_keep_order):
             labels = labels_of(p)
             role = cast(Role, labels.get(v.LABEL_ROLE))
             workload = names.workload(self.name, labels.get(v.LABEL_REVISION, ""), role)
-            if not is_terminating(p) and workload in wanted:
-                live[workload] = live.get(workload, 0) + 1
-                if live[workload] > wanted[workload]:
-                    continue
+            if workload in wanted:
+                if is_terminating(p):
+                    if name_of(p) in self._surplus and name_of(p) not in self._counted:
+                        continue
+                else:
+                    live[workload] = live.get(workload, 0) + 1
+                    if live[workload] > wanted[workload]:
+                        self._surplus.add(name_of(p))
+                        continue
+                    self._counted.add(name_of(p))
             kept.append(p)
         return kept
 
