@@ -254,3 +254,13 @@ def test_an_external_role_gets_a_scale_endpoint_with_its_selector_and_loses_it_a
     w.b = autoscaled(kv_only())  # back to the operator's own scaler
     d = w.step(seconds=1)
     assert [a.key for a in d.actions if isinstance(a, Delete)] == ["PDRoleScale/x-decode"]
+
+
+def test_a_scale_up_leaves_the_deployment_available_while_the_new_pods_start() -> None:
+    w = World(autoscaled(kv_only(minReplicas=2)))
+    w.settle()
+    d = w.step(decode_metrics(w, kv=1.0), seconds=15)
+    assert w.role_status("decode")["desiredReplicas"] == 4
+    available = next(c for c in d.status["conditions"] if c["type"] == "Available")
+    # 2 Ready decode pods of 4 wanted: at the declared minimum, so still Available.
+    assert available["status"] == "True", available

@@ -8,7 +8,7 @@ the schema does not have cannot be written, and the schema and the writer cannot
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -89,6 +89,21 @@ def available(states: Sequence[RevisionState], target: Target, policy: Policy) -
         reasons.MINIMUM_REPLICAS_UNAVAILABLE,
         f"{serves}, below the minimum {floor['prefill']} and {floor['decode']}",
     )
+
+
+def _declared_minimum(spec: PDDeploymentSpec, target: Target) -> Target:
+    """The counts Available is judged against: an autoscaled role's minReplicas where the
+    autoscaler asks for more, so pods a scale-up adds are capacity above the declared minimum
+    while they start, not missing capacity (an alert on Available would fire at every scale-up)."""
+    auto = spec.autoscaling
+    if auto is None:
+        return target
+    counts = {}
+    for role in v.ENGINE_ROLES:
+        scaling = auto.role(role)
+        wanted = target.replicas(role)
+        counts[role] = wanted if scaling is None else min(wanted, scaling.min_replicas)
+    return replace(target, prefill=counts["prefill"], decode=counts["decode"])
 
 
 def _progress(
@@ -333,7 +348,7 @@ def build(
     current = current_revision(seen.states, old)
     updates = [
         config_compatible(agreement),
-        available(seen.states, target, policy),
+        available(seen.states, _declared_minimum(spec, target), policy),
         progressing(agreement, seen.step, seen, target, current, refused, steering, record),
         degraded(seen.failures, steering),
     ]
