@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,59 @@ def pod_states(pods: list[dict[str, Any]]) -> dict[str, tuple[str, int, bool]]:
     return out
 
 
+class PodWatch:
+    """`kubectl get pods --watch` in the background: every version of every matching pod."""
+
+    def __init__(self, kind: Kind, namespace: str, selector: str) -> None:
+        self.cmd = [
+            kind.kubectl_bin,
+            f"--kubeconfig={kind.kubeconfig}",
+            "-n",
+            namespace,
+            "get",
+            "pods",
+            "-l",
+            selector,
+            "--watch",
+            "--output-watch-events",
+            "-o",
+            "json",
+        ]
+        self._seen: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> PodWatch:
+        self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(10)
+        self._thread.join(10)
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        decoder, buffer = json.JSONDecoder(), ""
+        for line in self._proc.stdout:
+            buffer += line
+            try:
+                event, end = decoder.raw_decode(buffer.lstrip())
+            except json.JSONDecodeError:
+                continue  # an event spans several lines
+            buffer = buffer.lstrip()[end:]
+            with self._lock:
+                self._seen.append(event.get("object", {}))
+
+    def seen(self) -> list[dict[str, Any]]:
+        with self._lock:
+            out, self._seen = self._seen, []
+        return out
+
+
 def refusal(pod: dict[str, Any]) -> dict[str, Any] | None:
     """The engine container's termination as the kubelet reported it, if it exited 3."""
     for status in pod["status"].get("containerStatuses", []):
@@ -214,20 +269,22 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
         "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(patch)
     )
 
-    # The default onFailure (Rollback) scales the refused revision away, so its pods' exit is
-    # recorded while they are still there.
+    # The default onFailure (Rollback) scales the refused revision away within a second or two
+    # of the refusal: a watch sees every pod update, where polling under load could miss them.
     refusals: list[dict[str, Any]] = []
+    watcher = PodWatch(kind, namespace, f"{LABEL_NAME}={NAME}")
 
     def rolled_back() -> dict[str, Any] | None:
-        for pod in kind.pods(namespace, f"{LABEL_NAME}={NAME}"):
+        for pod in watcher.seen():
             found = refusal(pod)
             if found is not None and pod["metadata"]["labels"].get(LABEL_REVISION) != serving:
                 refusals.append(found)
         cond = kind.condition(namespace, NAME, "Degraded")
         return cond if cond and cond["status"] == "True" else None
 
-    # The refused pods go within a second or two of the refusal: look often.
-    cond = wait_for(rolled_back, "Degraded=True", 600, every=0.3)
+    with watcher:
+        cond = wait_for(rolled_back, "Degraded=True", 600, every=0.3)
+        rolled_back()  # what the watch brought since the last look
     status = kind.pdd(namespace, NAME)["status"]
     refused_revision = status["updateRevision"]
     assert refused_revision != serving
