@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pdmtp.api import vocabulary as v
+from pdmtp.api.autoscaling import AutoscalingSpec
 from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
 from pdmtp.core.observe import is_terminating, labels_of, name_of
@@ -163,5 +164,6 @@ def _interval(body: Obj | None) -> float | None:
     auto = (body.get("spec") or {}).get("autoscaling")
     if not isinstance(auto, Mapping):
         return None
-    seconds = auto.get("intervalSeconds", 15)
-    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else 15.0
+    default = float(AutoscalingSpec.model_fields["interval_seconds"].default)
+    seconds = auto.get("intervalSeconds", default)
+    return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else default

@@ -9,12 +9,11 @@ import json
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
@@ -106,17 +105,6 @@ class MetricsFiles:
                     path.write_text(text)
 
 
-@pytest.fixture
-def scaled_operator(
-    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    print("---- operator log ----\n" + op.log_tail(120))
-
-
 def autoscaled(name: str, **auto: Any) -> PDDBuilder:
     spec = {
         "prefill": {
@@ -189,14 +177,14 @@ def until(
 
 
 def test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_scales_down(
-    cluster: Cluster, namespace: str, scaled_operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     api = cluster.api_client
     name = "elastic"
     create_pdd(api, namespace, autoscaled(name, ratio={"min": 0.5, "max": 1}).dict())
     wait_settled(api, namespace, name)
     seen: list[tuple[int, int]] = []
-    with MetricsFiles(api, scaled_operator.metrics_dir, namespace, name) as files:
+    with MetricsFiles(api, operator.metrics_dir, namespace, name) as files:
         # Idle: nothing moves.
         files.set("prefill")
         files.set("decode", kv=0.1)
@@ -254,7 +242,7 @@ def test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_sc
         if e.involved_object.name == name
     ]
     assert "AutoscaledUp" in reasons and "AutoscaledDown" in reasons
-    metrics = scaled_operator.metrics()
+    metrics = operator.metrics()
     key = f'name="{name}",namespace="{namespace}",role="decode"'
     assert metrics.get(f"pdmtp_autoscaler_desired_replicas{{{key}}}") == 1.0, [
         k for k in metrics if "autoscaler" in k
@@ -263,7 +251,7 @@ def test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_sc
 
 
 def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_roll(
-    cluster: Cluster, namespace: str, scaled_operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     api = cluster.api_client
     name = "rescaled"
@@ -272,7 +260,7 @@ def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_r
         ms=2500,
     )
     create_pdd(api, namespace, b.dict())
-    with MetricsFiles(api, scaled_operator.metrics_dir, namespace, name) as files:
+    with MetricsFiles(api, operator.metrics_dir, namespace, name) as files:
         files.set("prefill", waiting=4)  # on target: prefill stays where it is
         files.set("decode", kv=0.5)
         wait_settled(api, namespace, name)
@@ -328,7 +316,7 @@ def kubectl(cluster: Cluster, *args: str) -> str:
 
 
 def test_kubectl_scale_on_an_external_roles_scale_endpoint_changes_that_role(
-    cluster: Cluster, namespace: str, scaled_operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
     api = cluster.api_client
     name = "external"

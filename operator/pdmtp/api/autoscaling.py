@@ -15,6 +15,7 @@ ratio band, and a rollout in progress takes the new count without restarting.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -36,20 +37,6 @@ class Signal(StrEnum):
     INTER_TOKEN_LATENCY = "interTokenLatencySeconds"
     DECODE_TOKENS_PER_POD = "decodeTokensPerSecondPerPod"
 
-
-SIGNAL_METRICS: dict[Signal, str] = {
-    Signal.WAITING_PER_POD: "vllm:num_requests_waiting (mean per Ready pod)",
-    Signal.QUEUE_TIME: "vllm:request_queue_time_seconds (mean over the last scrape interval)",
-    Signal.TIME_TO_FIRST_TOKEN: "vllm:time_to_first_token_seconds (mean over the interval)",
-    Signal.KV_CACHE_USAGE: "vllm:kv_cache_usage_perc (mean per Ready pod, 0-1)",
-    Signal.RUNNING_PER_POD: "vllm:num_requests_running (mean per Ready pod)",
-    Signal.INTER_TOKEN_LATENCY: "vllm:inter_token_latency_seconds (mean over the interval)",
-    Signal.DECODE_TOKENS_PER_POD: (
-        "vllm:spec_decode_num_accepted_tokens + vllm:spec_decode_num_drafts per second per pod, "
-        "against a target scaled by the measured acceptance (MTP decode only)"
-    ),
-}
-"""Where each signal comes from (the field reference and the README quote it)."""
 
 Source = Literal["Operator", "External"]
 OPERATOR: Source = "Operator"
@@ -215,12 +202,10 @@ def band_reachable(spec: Any) -> bool:
     if ratio is None:
         return True
     (p_low, p_high), (d_low, d_high) = _bounds(spec, "prefill"), _bounds(spec, "decode")
-    for decode in range(d_low, d_high + 1):
-        low = max(p_low, -int(-ratio.min * decode // 1))  # ceil
-        high = min(p_high, int(ratio.max * decode // 1))  # floor
-        if low <= high:
-            return True
-    return False
+    return any(
+        max(p_low, math.ceil(ratio.min * decode)) <= min(p_high, math.floor(ratio.max * decode))
+        for decode in range(d_low, d_high + 1)
+    )
 
 
 def _cel_bounds(role: str) -> tuple[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from pdmtp.api import corev1
 from pdmtp.api import vocabulary as v
@@ -192,10 +193,9 @@ def _list_maps(schema: JsonSchema) -> None:
         status[name]["x-kubernetes-list-map-keys"] = [key]
 
 
-def openapi_schema(embed: bool = True) -> JsonSchema:
-    """The structural OpenAPI v3 schema of PDDeployment. `embed=False` leaves the core/v1
-    fields as named stand-ins (the field reference links Kubernetes' documentation instead)."""
-    raw = PDDeployment.model_json_schema(by_alias=True, mode="validation")
+def _object_schema(model: type[BaseModel], embed: bool = True) -> JsonSchema:
+    """The structural schema of a top-level kind: its model, plus what every object has."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
     schema = _structural(raw, defs, embed)
     schema["properties"]["metadata"] = {"type": "object"}
@@ -203,28 +203,38 @@ def openapi_schema(embed: bool = True) -> JsonSchema:
     schema["properties"]["kind"] = {"type": "string"}
     schema.pop("description", None)
     schema["required"] = ["spec"]
+    return schema
+
+
+def openapi_schema(embed: bool = True) -> JsonSchema:
+    """The structural OpenAPI v3 schema of PDDeployment. `embed=False` leaves the core/v1
+    fields as named stand-ins (the field reference links Kubernetes' documentation instead)."""
+    schema = _object_schema(PDDeployment, embed)
     schema[CEL_KEY] = [METADATA_NAME.cel_entry(subject="self.metadata.name")]
     _list_maps(schema)
     return schema
 
 
-def crd(embed: bool = True) -> dict[str, Any]:
-    """The CustomResourceDefinition object (`embed`: see openapi_schema)."""
+def _definition(
+    names: dict[str, Any],
+    subresources: dict[str, Any],
+    columns: list[dict[str, Any]],
+    schema: JsonSchema,
+) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition of pdmtp's group, one served and stored version."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{v.PLURAL}.{v.GROUP}",
+            "name": f"{names['plural']}.{v.GROUP}",
             "labels": {"app.kubernetes.io/part-of": "pdmtp"},
         },
         "spec": {
             "group": v.GROUP,
             "names": {
-                "kind": v.KIND,
-                "listKind": f"{v.KIND}List",
-                "plural": v.PLURAL,
-                "singular": v.SINGULAR,
-                "shortNames": [v.SHORT_NAME],
+                "kind": names["kind"],
+                "listKind": f"{names['kind']}List",
+                **{key: value for key, value in names.items() if key != "kind"},
                 "categories": ["pdmtp"],
             },
             "scope": "Namespaced",
@@ -233,13 +243,24 @@ def crd(embed: bool = True) -> dict[str, Any]:
                     "name": v.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema(embed)},
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
+
+
+def crd(embed: bool = True) -> dict[str, Any]:
+    """The CustomResourceDefinition object (`embed`: see openapi_schema)."""
+    names = {
+        "kind": v.KIND,
+        "plural": v.PLURAL,
+        "singular": v.SINGULAR,
+        "shortNames": [v.SHORT_NAME],
+    }
+    return _definition(names, {"status": {}}, PRINTER_COLUMNS, openapi_schema(embed))
 
 
 ROLE_SCALE_COLUMNS: list[dict[str, Any]] = [
@@ -261,50 +282,18 @@ ROLE_SCALE_COLUMNS: list[dict[str, Any]] = [
 
 def role_scale_crd() -> dict[str, Any]:
     """The PDRoleScale CRD: a scale subresource per External-autoscaled role."""
-    raw = PDRoleScale.model_json_schema(by_alias=True, mode="validation")
-    defs = raw.pop("$defs", {})
-    schema = _structural(raw, defs)
-    schema["properties"]["metadata"] = {"type": "object"}
-    schema["properties"]["apiVersion"] = {"type": "string"}
-    schema["properties"]["kind"] = {"type": "string"}
-    schema.pop("description", None)
-    schema["required"] = ["spec"]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": f"{v.ROLE_SCALE_PLURAL}.{v.GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "pdmtp"},
-        },
-        "spec": {
-            "group": v.GROUP,
-            "names": {
-                "kind": v.ROLE_SCALE_KIND,
-                "listKind": f"{v.ROLE_SCALE_KIND}List",
-                "plural": v.ROLE_SCALE_PLURAL,
-                "singular": v.ROLE_SCALE_KIND.lower(),
-                "categories": ["pdmtp"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": v.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": ROLE_SCALE_COLUMNS,
-                    "schema": {"openAPIV3Schema": schema},
-                }
-            ],
-        },
+    names = {
+        "kind": v.ROLE_SCALE_KIND,
+        "plural": v.ROLE_SCALE_PLURAL,
+        "singular": v.ROLE_SCALE_KIND.lower(),
     }
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    subresources = {"status": {}, "scale": scale}
+    return _definition(names, subresources, ROLE_SCALE_COLUMNS, _object_schema(PDRoleScale))
 
 
 class _NoAliasDumper(yaml.SafeDumper):

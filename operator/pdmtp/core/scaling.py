@@ -20,7 +20,7 @@ from typing import Any
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.autoscaling import EXTERNAL, AutoscalingSpec, RoleAutoscaling
+from pdmtp.api.autoscaling import EXTERNAL, AutoscalingSpec, RoleAutoscaling, Source
 from pdmtp.api.status import (
     AutoscalingStatus,
     RoleScaling,
@@ -68,9 +68,7 @@ class Scaling:
     """When the next evaluation is due."""
 
 
-def _role_policy(
-    role: a.Role, scaling: RoleAutoscaling | None, replicas: int, spec: AutoscalingSpec
-) -> a.RolePolicy:
+def _role_policy(role: a.Role, scaling: RoleAutoscaling | None, replicas: int) -> a.RolePolicy:
     if scaling is None:  # not autoscaled: its own replicas, for the band's sake
         return a.RolePolicy(replicas, replicas, {})
     if scaling.source == EXTERNAL:
@@ -118,7 +116,7 @@ def policy_of(spec: PDDeploymentSpec) -> a.AutoscalingPolicy:
     auto = spec.autoscaling
     assert auto is not None
     roles = {
-        role: _role_policy(role, auto.role(role.value), spec.role(role.value).replicas, auto)
+        role: _role_policy(role, auto.role(role.value), spec.role(role.value).replicas)
         for role in a.Role
     }
     ratio = None if auto.ratio is None else a.RatioBand(auto.ratio.min, auto.ratio.max)
@@ -146,14 +144,17 @@ def _history(role: RoleScaling | None) -> a.RoleHistory:
     return a.RoleHistory(recommendations, changes)
 
 
+def _live(pods: Sequence[Obj], role: EngineRole) -> list[Obj]:
+    """The role's pods that are not terminating, of every revision (a roll's surge serves too)."""
+    return [p for p in pods if labels_of(p).get(v.LABEL_ROLE) == role and not is_terminating(p)]
+
+
 def observations(
     pods: Sequence[Obj], metrics: Mapping[str, PodMetrics], role: EngineRole
 ) -> list[a.PodObservation]:
-    """The role's live engine pods (every revision: a roll's surge serves too) and scrapes."""
+    """The role's live engine pods and their scrapes."""
     out = []
-    for pod in pods:
-        if labels_of(pod).get(v.LABEL_ROLE) != role or is_terminating(pod):
-            continue
+    for pod in _live(pods, role):
         seen = metrics.get(name_of(pod), PodMetrics())
         out.append(a.PodObservation(name_of(pod), pod_ready(pod), seen.latest, seen.previous))
     return out
@@ -200,10 +201,7 @@ def role_scale_actions(
         if current is None:
             actions.append(Apply(role_scale_manifest(pdd, role, desired[role]), exists=False))
             continue
-        live = sum(
-            1 for p in pods if labels_of(p).get(v.LABEL_ROLE) == role and not is_terminating(p)
-        )
-        status = {"replicas": live, "selector": names.role_selector(name, role)}
+        status = {"replicas": len(_live(pods, role)), "selector": names.role_selector(name, role)}
         seen = current.get("status") or {}
         if {k: seen.get(k) for k in status} != status:
             actions.append(SetStatus(v.ROLE_SCALE_KIND, child, status, seen))
@@ -281,8 +279,8 @@ def scale(
     stamp = format_time(now)
     roles, events = [], []
     for role in v.ENGINE_ROLES:
-        made = decision.roles[a.Role(role)]
-        if role not in _autoscaled(auto):
+        made, scaling = decision.roles[a.Role(role)], auto.role(role)
+        if scaling is None:
             continue
         was = before.get(role)
         if made.changed:
@@ -290,7 +288,7 @@ def scale(
                 reasons.AUTOSCALED_UP if made.desired > made.current else reasons.AUTOSCALED_DOWN
             )
             events.append(Event("Normal", reason, made.reason))
-        roles.append(_role_status(role, _source(auto, role), made, decision, pods, stamp, was))
+        roles.append(_role_status(role, scaling.source, made, decision, pods, stamp, was))
     desired = {role: decision.roles[a.Role(role)].desired for role in v.ENGINE_ROLES}
     status = AutoscalingStatus(
         last_evaluation_time=stamp, ratio_note=decision.ratio_note, roles=roles
@@ -309,7 +307,7 @@ def _autoscaled(auto: AutoscalingSpec) -> set[str]:
 
 def _role_status(
     role: EngineRole,
-    source: str | None,
+    source: Source,
     made: a.RoleDecision,
     decision: a.Decision,
     pods: Sequence[Obj],
@@ -317,15 +315,11 @@ def _role_status(
     was: RoleScaling | None,
 ) -> RoleScaling:
     history = decision.history[a.Role(role)]
-    ready = sum(
-        1
-        for p in pods
-        if labels_of(p).get(v.LABEL_ROLE) == role and pod_ready(p) and not is_terminating(p)
-    )
+    ready = sum(1 for p in _live(pods, role) if pod_ready(p))
     last_scale = stamp if made.changed else (was.last_scale_time if was is not None else None)
     return RoleScaling(
         name=role,
-        source="External" if source == EXTERNAL else "Operator",
+        source=source,
         desired_replicas=made.desired,
         current_replicas=ready,
         recommendation=made.recommendation,
