@@ -55,6 +55,10 @@ cluster-bins: ## Build etcd, kube-apiserver, -controller-manager, -scheduler, ku
 keda-bins: ## Build KEDA's operator and metrics adapter for the autoscaling test (cached)
 	hack/keda/build.sh
 
+.PHONY: helm-bin
+helm-bin: ## Build the helm CLI for the chart checks and the chart's cluster test (cached)
+	hack/helm/build.sh
+
 .PHONY: cluster-up
 cluster-up: venv cluster-bins ## Start the local control plane with fake GPU nodes (.cluster/)
 	$(PY) tests/support/localcluster.py up --dir .cluster
