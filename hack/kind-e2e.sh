@@ -3,8 +3,10 @@
 #
 #   1. images: operator, router and engine (tests/support/build_images.py), the engine emulator
 #      (images/engine-emulator) and the engine image plus a test checkpoint
-#      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh). All
-#      cached: a warm run only hashes inputs.
+#      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh); the
+#      previous release's operator image, built from its tree (versions.env PREVIOUS_RELEASE*,
+#      `git archive` into ~/.cache/pdmtp/previous/<commit>/) for tests/e2e/test_upgrade.py, and
+#      helm (hack/helm/build.sh). All cached: a warm run only hashes inputs.
 #   2. a one-node kind cluster (hack/kind/cluster.yaml), its API server published on 127.0.0.1;
 #      CoreDNS without an upstream (hack/kind/coredns.yaml); NetworkPolicy enforced by
 #      kube-network-policies (hack/kind/network-policies.yaml, image from
@@ -27,6 +29,10 @@
 #                          bases, the published kindest/node image, `kind load docker-image`)
 #        KIND_CLUSTER (pdmtp-e2e), VENV (.venv), PDMTP_E2E_RESULT (rollout figures, JSON),
 #        KIND_E2E_OPERATOR_IMAGE (podman: test this operator image, not the one `make images` built)
+#        PDMTP_PREVIOUS_RELEASE_COMMIT (upgrade from this commit instead of versions.env's pin)
+#        PDMTP_E2E_UPGRADE_RESULT (upgrade and uninstall figures, JSON)
+#   With --keep, $WORK/e2e.env (printed at the end) exports what tests/e2e needs, so
+#   `source` it and run pytest against the kept cluster.
 #
 # Network rule: the test process talks to the API server on 127.0.0.1 only; requests run in pods
 # inside the node; CoreDNS has no upstream; containerd's registries point at a closed loopback
@@ -95,6 +101,7 @@ cleanup() {
   fi
   if ((KEEP)); then
     echo "cluster kept: export KUBECONFIG=$KUBECONFIG   ($KIND delete cluster --name $CLUSTER)"
+    [[ -s $WORK/e2e.env ]] && echo "tests/e2e against it: source $WORK/e2e.env && $PY -m pytest tests/e2e/..."
   else
     "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
     rm -rf "$WORK"
@@ -102,6 +109,29 @@ cleanup() {
   printf '%s\n' "---- kind-e2e timeline ----" "${TIMES[@]}" "$(printf '%4d s  end (exit %d)' $((SECONDS - T0)) "$rc")"
 }
 trap cleanup EXIT
+
+# ---- the previous release: its tree, for tests/e2e/test_upgrade.py -------------------------------
+# versions.env pins the commit of PREVIOUS_RELEASE, so a clone without tags still finds it; the
+# tag, when this clone has it, must point there. PDMTP_PREVIOUS_RELEASE_COMMIT overrides the pin
+# (any commit-ish: upgrade from that tree instead).
+step "Previous release $PREVIOUS_RELEASE: its tree"
+if [[ -z ${PDMTP_PREVIOUS_RELEASE_COMMIT:-} ]] &&
+  tagged=$(git rev-parse -q --verify "refs/tags/$PREVIOUS_RELEASE^{commit}"); then
+  [[ $tagged == "$PREVIOUS_RELEASE_COMMIT" ]] ||
+    die "tag $PREVIOUS_RELEASE is commit $tagged, but versions.env pins PREVIOUS_RELEASE_COMMIT=$PREVIOUS_RELEASE_COMMIT"
+fi
+PREV_COMMIT=$(git rev-parse -q --verify "$PREVIOUS_RELEASE_COMMIT^{commit}") ||
+  die "the previous release $PREVIOUS_RELEASE, commit $PREVIOUS_RELEASE_COMMIT (versions.env PREVIOUS_RELEASE_COMMIT), is not in this clone: \`git fetch origin $PREVIOUS_RELEASE_COMMIT\` (or the tag $PREVIOUS_RELEASE)"
+PREV_TREE=$CACHE_DIR/previous/$PREV_COMMIT
+if [[ ! -f $PREV_TREE/pyproject.toml ]]; then
+  rm -rf "$PREV_TREE.new" && mkdir -p "$PREV_TREE.new"
+  git archive "$PREV_COMMIT" | tar -x -C "$PREV_TREE.new"
+  rm -rf "$PREV_TREE" && mv "$PREV_TREE.new" "$PREV_TREE"
+fi
+PREV_VERSION=$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$PREV_TREE/pyproject.toml")
+echo "$PREVIOUS_RELEASE: commit $PREV_COMMIT, version $PREV_VERSION, tree $PREV_TREE"
+step "helm (hack/helm/build.sh)"
+HELM=$(hack/helm/build.sh)
 
 # ---- images -------------------------------------------------------------------------------------
 CHECKPOINT_MODEL=/opt/pdmtp-e2e/tiny-mtp1   # tests/e2e/engine-checkpoint/Containerfile
@@ -123,6 +153,8 @@ if [[ $RUNTIME == podman ]]; then
   ROUTER_IMAGE=$(name_of router)
   ENGINE_IMAGE=$(name_of engine)
   BASE_PYTHON=$(name_of base-python)
+  step "Images: the previous release's operator, from its tree (build_images.py build-tree)"
+  PREV_OPERATOR_IMAGE=$(python3 tests/support/build_images.py build-tree "$PREV_TREE" --revision "${PREV_COMMIT:0:7}")
 
   # Rebuilt only when its inputs (files, base image) change; the label is build_images.py's.
   local_build() { # image context containerfile base-arg=base-image
@@ -164,7 +196,10 @@ elif [[ $RUNTIME == docker ]]; then
   CHECKPOINT_IMAGE=pdmtp-engine-e2e:$TAG
   step "Images (docker build, the Dockerfiles' upstream bases)"
   export DOCKER_BUILDKIT=1 # images/operator/Dockerfile uses RUN --mount
-  docker build -f images/operator/Dockerfile -t "$OPERATOR_IMAGE" .
+  docker build -f images/operator/Dockerfile --build-arg "PDMTP_VERSION=$PDMTP_VERSION" -t "$OPERATOR_IMAGE" .
+  PREV_OPERATOR_IMAGE=pdmtp-operator:$PREV_VERSION-${PREV_COMMIT:0:7}
+  docker build -f "$PREV_TREE/images/operator/Dockerfile" --build-arg "PDMTP_VERSION=$PREV_VERSION" \
+    -t "$PREV_OPERATOR_IMAGE" "$PREV_TREE"
   docker build --platform linux/amd64 -t "$ROUTER_IMAGE" images/router
   docker build --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "MOONCAKE_VERSION=$MOONCAKE_VERSION" \
     -t "$ENGINE_IMAGE" images/engine
@@ -200,8 +235,10 @@ load_image() {
     "$KIND" load docker-image --name "$CLUSTER" "$1"
   fi
 }
-step "Load images into the node: $OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
-for image in "$OPERATOR_IMAGE" "$ROUTER_IMAGE" "$EMULATOR_IMAGE"; do load_image "$image"; done
+step "Load images into the node: $OPERATOR_IMAGE $PREV_OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
+for image in "$OPERATOR_IMAGE" "$PREV_OPERATOR_IMAGE" "$ROUTER_IMAGE" "$EMULATOR_IMAGE"; do
+  load_image "$image"
+done
 if [[ -n $NETPOL_IMAGE ]]; then
   step "NetworkPolicy enforcement: kube-network-policies ($NETPOL_IMAGE)"
   load_image "$NETPOL_IMAGE"
@@ -305,6 +342,13 @@ export PDMTP_E2E_EMULATOR_IMAGE=$EMULATOR_IMAGE PDMTP_E2E_ROUTER_IMAGE=$ROUTER_I
 export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_IMAGE=$CHECKPOINT_IMAGE
 export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL
 export PDMTP_E2E_RESULT=${PDMTP_E2E_RESULT:-$WORK/rollout.json}
+# tests/e2e/test_upgrade.py: the previous release (tree, image) to upgrade from, helm, and the
+# overlay install_pdmtp applies (the upgrade applies it, and the test leaves it installed).
+export PDMTP_E2E_PREVIOUS_RELEASE=$PREVIOUS_RELEASE PDMTP_E2E_PREVIOUS_TREE=$PREV_TREE
+export PDMTP_E2E_PREVIOUS_OPERATOR_IMAGE=$PREV_OPERATOR_IMAGE PDMTP_HELM=$HELM
+export PDMTP_E2E_INSTALL_OVERLAY=$overlay
+export PDMTP_E2E_UPGRADE_RESULT=${PDMTP_E2E_UPGRADE_RESULT:-$WORK/upgrade.json}
+export -p | grep -E ' (KUBECONFIG|PDMTP_[A-Z0-9_]+)=' >"$WORK/e2e.env"
 wait_engine_image() {
   step "Wait for the engine image to be loaded"
   wait "$ENGINE_LOAD_PID" || { cat "$WORK/engine-load.log" >&2; die "loading $CHECKPOINT_IMAGE failed"; }
@@ -321,11 +365,18 @@ if ((${#PYTEST_ARGS[@]} == 0)); then
   step "tests/e2e against kind: $NEEDS_ENGINE"
   "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA || E2E_RC=$?
 else
-  wait_engine_image
+  # Only a run that may select the engine's file waits for its image.
+  for arg in "${PYTEST_ARGS[@]}"; do
+    if [[ $arg == *test_pd_lifecycle* || $arg == tests/e2e || $arg == tests/e2e/ ]]; then
+      wait_engine_image
+      break
+    fi
+  done
   step "tests/e2e against kind"
   "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA "${PYTEST_ARGS[@]}" || E2E_RC=$?
 fi
 if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
+if [[ -s $PDMTP_E2E_UPGRADE_RESULT ]]; then echo "upgrade figures: $(tr -d '\n ' <"$PDMTP_E2E_UPGRADE_RESULT")"; fi
 ((CLUSTER_TIER_RC == 0)) || echo "error: the cluster tier failed against kind (exit $CLUSTER_TIER_RC)" >&2
 ((E2E_RC == 0)) || echo "error: tests/e2e failed (exit $E2E_RC)" >&2
 ((CLUSTER_TIER_RC == 0 && E2E_RC == 0)) || exit 1

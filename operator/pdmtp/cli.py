@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pdmtp import __version__
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.crd import crd_yaml
@@ -486,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pdmtp",
         description="vLLM prefill/decode serving with MTP on Kubernetes: operator and tools.",
     )
+    parser.add_argument("--version", action="version", version=f"pdmtp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("crd", help="print a CRD (generated from the model)")

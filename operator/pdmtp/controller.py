@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
 import kopf
 from kopf._cogs.structs.references import Insights
 
+from pdmtp import __version__
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, WATCHED
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
@@ -503,4 +506,13 @@ def run(
     controller = Controller(kube, options, metrics, source=source or HttpSource())
     registry = build_registry(controller, webhook)
     kopf.configure(verbose=False, debug=log.isEnabledFor(logging.DEBUG))
+    # The first line of every operator log: which build is running, and what it watches.
+    scope = ", ".join(options.namespaces) or "all namespaces"
+    log.info(
+        "pdmtp %s starting (kopf %s, Python %s), watching %s",
+        __version__,
+        version("kopf"),
+        platform.python_version(),
+        scope,
+    )
     asyncio.run(_serve(controller, registry, health, webhook))

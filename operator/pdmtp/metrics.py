@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from pdmtp import __version__
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 
@@ -24,6 +25,14 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # The running build, as kube-state-metrics' *_info series: always 1, the version a label.
+        self.build_info = Gauge(
+            "pdmtp_build_info",
+            "The pdmtp operator build that is running.",
+            ("version",),
+            registry=self.registry,
+        )
+        self.build_info.labels(__version__).set(1)
         self.reconciles = Counter(
             "pdmtp_reconcile_total", "Reconciles run.", LABELS, registry=self.registry
         )

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pdmtp
 import pytest
 import yaml
 from builders import pdd
@@ -20,6 +21,7 @@ from pdmtp.core.revision import compat_revision
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS, ACCOUNT = "pdmtp-system", "pdmtp-operator"
+CRD, GUARD = "pddeployments.pdmtp.io", "pdmtp-crd-deletion-guard"
 
 
 def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,11 +35,45 @@ def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> None:
-    done = kubectl(cluster, "apply", "-k", str(REPO / "deploy"))
+def installed(cluster: Cluster) -> Iterator[None]:
+    done = kubectl(cluster, "apply", "--server-side", "-k", str(REPO / "deploy"))
     assert done.returncode == 0, done.stderr
-    dry = kubectl(cluster, "apply", "-k", str(REPO / "deploy"), "--dry-run=server")
+    dry = kubectl(cluster, "apply", "--server-side", "-k", str(REPO / "deploy"), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
+    yield
+    # Later files of the session delete and recreate the CRD (recovery from a late CRD).
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        kubectl(cluster, "delete", kind, GUARD, "--ignore-not-found")
+
+
+def delete_crd_dry_run(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """What `kubectl delete crd` would do, asked of the API server without deleting anything:
+    admission (the guard) runs for a dry run as for the real request."""
+    return kubectl(cluster, "delete", "crd", CRD, "--dry-run=server")
+
+
+def test_deleting_the_crd_is_refused_until_annotated(cluster: Cluster, installed: None) -> None:
+    # The policy is enforced once the API server has loaded it (a few seconds after creation).
+    refused = wait_for(
+        lambda: (d := delete_crd_dry_run(cluster)).returncode != 0 and d,
+        "the CRD deletion guard in force",
+        30,
+        0.5,
+    )
+    assert "pdmtp-crd-deletion-guard" in refused.stderr, refused.stderr
+    assert "pdmtp.io/allow-delete=true" in refused.stderr, refused.stderr
+    # Uninstalling the operator part alone goes through: it is not a CRD.
+    dry = kubectl(cluster, "delete", "-k", str(REPO / "deploy" / "operator"), "--dry-run=server")
+    assert dry.returncode == 0, dry.stderr
+    assert CRD not in dry.stdout
+    annotate = ["annotate", "crd", CRD]
+    assert kubectl(cluster, *annotate, "pdmtp.io/allow-delete=true").returncode == 0
+    try:
+        allowed = delete_crd_dry_run(cluster)
+        assert allowed.returncode == 0, allowed.stderr
+    finally:
+        assert kubectl(cluster, *annotate, "pdmtp.io/allow-delete-").returncode == 0
+    assert delete_crd_dry_run(cluster).returncode != 0
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +200,11 @@ def test_operator_under_its_own_identity_rolls_and_serves_metrics(
         return m if done and metric(m, "pdmtp_revisions", name="sa") == 1 else None
 
     m = wait_for(final_metrics, "metrics of the finished roll", 10, 0.2)
+    # The build: its version on the log's first line and in a metric.
+    # (after the harness's own "===== start #1 =====" marker)
+    first = sa_operator.log_path.read_text().split("=====\n", 1)[1].splitlines()[0]
+    assert f"pdmtp {pdmtp.__version__} starting" in first, first
+    assert metric(m, "pdmtp_build_info", version=pdmtp.__version__) == 1
     assert metric(m, "pdmtp_reconcile_total", namespace=namespace, name="sa") > 3
     assert metric(m, "pdmtp_reconcile_duration_seconds_count") > 3
     assert metric(m, "pdmtp_child_writes_total", name="sa", action="scale") >= 1

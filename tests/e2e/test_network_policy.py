@@ -272,7 +272,7 @@ def test_1_only_its_engines_routers_and_scrapers_reach_the_engine_ports(
         ),
         "scraper pod": ("scraper", namespace, metrics_get, closed),
         "scraper namespace": ("monitor", scraper_namespace, metrics_get, closed),
-        # deploy/operator.yaml labels the operator's pod as a scraper.
+        # deploy/operator/operator.yaml labels the operator's pod as a scraper.
         "operator": (operator_pod(kind), OPERATOR_NAMESPACE, metrics_get[:1], closed[:2]),
     }
     table: dict[str, dict[str, str]] = {}

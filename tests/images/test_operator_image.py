@@ -1,8 +1,8 @@
 """The operator image: the offline CLI works, it runs as a fixed non-root uid, and `pdmtp run`
 reconciles against a real API server with its liveness and metrics endpoints answering.
 
-It runs as deploy/operator.yaml runs it: read-only root (podman's --read-only gives it a tmpfs
-/tmp, the manifest an emptyDir), no capabilities. The API server is the local control plane
+It runs as deploy/operator/operator.yaml runs it: read-only root (podman's --read-only gives it a
+tmpfs /tmp, the manifest an emptyDir), no capabilities. The API server is the local control plane
 (tests/support/localcluster.py) on 127.0.0.1; the container shares the host's network namespace
 and binds its endpoints to 127.0.0.1.
 """

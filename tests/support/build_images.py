@@ -4,6 +4,10 @@
     tests/support/build_images.py build [KEY ...]   build what is missing or stale (default: all)
     tests/support/build_images.py names             KEY=IMAGE lines: the names other scripts use
     tests/support/build_images.py report            size, image ID and digest of each, as JSON
+    tests/support/build_images.py build-tree DIR --revision REV
+                        the operator image of another source tree (a release's `git archive`),
+                        built as the current one; named localhost/pdmtp-operator:<DIR's
+                        version>-<REV>, so it never takes the current tag; prints the name
 
 No registry is reachable where this runs, so the Dockerfiles' upstream bases are replaced
 through their base-image build args by local equivalents (images/base/): a bookworm + CPython
@@ -108,6 +112,36 @@ class ImageSpec:
     script: Path | None = None
     """Built by running this script with the name and label (instead of `podman build`)."""
     uv_cache: bool = False
+    root: Path = REPO
+    """The source tree the input hash names `inputs` relative to."""
+
+
+def operator_spec(root: Path, name: str, version: str) -> ImageSpec:
+    """The operator image of the source tree at `root` (this repository, or a release's)."""
+    return ImageSpec(
+        key="operator",
+        name=name,
+        # What images/operator/Dockerfile.dockerignore lets into the context.
+        inputs=(
+            root / "images/operator/Dockerfile",
+            root / "images/operator/Dockerfile.dockerignore",
+            root / "pyproject.toml",
+            root / "README.md",
+            root / "operator",
+        ),
+        base="base-python",
+        base_arg="PYTHON_IMAGE",
+        build_args={"PDMTP_VERSION": version},
+        containerfile=root / "images/operator/Dockerfile",
+        context=root,
+        ignorefile=root / "images/operator/Dockerfile.dockerignore",
+        root=root,
+    )
+
+
+def tree_version(root: Path) -> str:
+    """The pdmtp version of a source tree (its pyproject.toml)."""
+    return str(tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"])
 
 
 def specs(versions: Versions | None = None) -> dict[str, ImageSpec]:
@@ -138,23 +172,7 @@ def specs(versions: Versions | None = None) -> dict[str, ImageSpec]:
                 context=REPO / "images/base/vllm-openai",
                 uv_cache=True,
             ),
-            ImageSpec(
-                key="operator",
-                name=f"localhost/pdmtp-operator:{v.operator}",
-                # What images/operator/Dockerfile.dockerignore lets into the context.
-                inputs=(
-                    REPO / "images/operator/Dockerfile",
-                    REPO / "images/operator/Dockerfile.dockerignore",
-                    REPO / "pyproject.toml",
-                    REPO / "README.md",
-                    REPO / "operator",
-                ),
-                base="base-python",
-                base_arg="PYTHON_IMAGE",
-                containerfile=REPO / "images/operator/Dockerfile",
-                context=REPO,
-                ignorefile=REPO / "images/operator/Dockerfile.dockerignore",
-            ),
+            operator_spec(REPO, f"localhost/pdmtp-operator:{v.operator}", v.operator),
             ImageSpec(
                 key="router",
                 name=f"localhost/pdmtp-router:{v.router}",
@@ -208,7 +226,7 @@ def input_hash(spec: ImageSpec, all_specs: Mapping[str, ImageSpec]) -> str:
     for path in _files(spec.inputs):
         content = hashlib.sha256(path.read_bytes()).hexdigest()
         mode = "x" if os.access(path, os.X_OK) else "-"
-        digest.update(f"file {path.relative_to(REPO)} {mode} {content}\n".encode())
+        digest.update(f"file {path.relative_to(spec.root)} {mode} {content}\n".encode())
     if spec.base is not None:
         digest.update(f"base {input_hash(all_specs[spec.base], all_specs)}\n".encode())
     return digest.hexdigest()[:16]
@@ -367,45 +385,75 @@ def build(keys: Iterable[str], *, force: bool = False) -> dict[str, str]:
     keys = list(keys)
     all_specs = specs()
     env = podman_environ()
-    uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
-    logs = cache_dir() / "images" / "logs"
     results: dict[str, str] = {}
     with _build_lock():
         for key in _with_bases(keys, all_specs):
-            spec = all_specs[key]
-            label = input_hash(spec, all_specs)
-            current = inspect(spec.name, env)
-            if (
-                not (force and key in keys)
-                and current is not None
-                and current.get("Labels", {}).get(INPUTS_LABEL) == label
-            ):
-                results[key] = "up to date"
-                print(f"images: {spec.name} up to date ({label})", file=sys.stderr)
-                continue
-            if spec.uv_cache:
-                uv_cache.mkdir(parents=True, exist_ok=True)
-                free = shutil.disk_usage(_graph_root(env)).free
-                if free < MIN_FREE_BYTES_FOR_VLLM_BASE:
-                    raise BuildError(
-                        f"{spec.name} needs {MIN_FREE_BYTES_FOR_VLLM_BASE / 2**30:.0f} GiB free "
-                        f"in podman's storage; {free / 2**30:.1f} GiB left"
-                    )
-            log_path = logs / f"{key}.log"
-            print(f"images: building {spec.name} ({label}), log {log_path}", file=sys.stderr)
-            started = time.monotonic()
-            _run_logged(build_command(spec, all_specs, label, uv_cache), log_path, env)
-            elapsed = time.monotonic() - started
-            built = inspect(spec.name, env)
-            if built is None or built.get("Labels", {}).get(INPUTS_LABEL) != label:
-                raise BuildError(f"{spec.name} is missing or unlabelled after its build")
-            results[key] = f"built in {elapsed:.0f}s"
-            print(f"images: {spec.name} built in {elapsed:.0f}s", file=sys.stderr)
+            results[key] = _build_one(all_specs[key], all_specs, env, force=force and key in keys)
         if any(result != "up to date" for result in results.values()):
-            current_hashes = {input_hash(spec, all_specs) for spec in all_specs.values()}
-            pruned = prune_stale_build_cache(current_hashes, env)
-            print(f"images: removed {pruned} replaced or stale build-cache images", file=sys.stderr)
+            _prune(all_specs, env)
     return results
+
+
+def build_tree(root: Path, revision: str) -> str:
+    """Build the operator image of the source tree `root` (a release's `git archive`) exactly as
+    the current one is built: its own Dockerfile and ignore file, on the same local base, cached
+    by its input label. Named localhost/pdmtp-operator:<its version>-<revision>, so it never
+    takes the current image's tag. Returns the name."""
+    root = root.resolve()
+    if not (root / "images/operator/Dockerfile").is_file():
+        raise BuildError(f"{root} has no images/operator/Dockerfile: not a pdmtp source tree")
+    version = tree_version(root)
+    spec = operator_spec(root, f"localhost/pdmtp-operator:{version}-{revision}", version)
+    all_specs = specs()
+    env = podman_environ()
+    with _build_lock():
+        bases = _with_bases([spec.base or ""], all_specs)
+        results = [_build_one(all_specs[key], all_specs, env) for key in bases]
+        results.append(_build_one(spec, all_specs, env))
+        if any(result != "up to date" for result in results):
+            _prune(all_specs, env, also=[spec])
+    return spec.name
+
+
+def _build_one(
+    spec: ImageSpec, all_specs: Mapping[str, ImageSpec], env: Mapping[str, str], force: bool = False
+) -> str:
+    """Build one image unless its label says it is current (or `force`); says what it did."""
+    uv_cache = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv"))
+    label = input_hash(spec, all_specs)
+    current = inspect(spec.name, env)
+    if not force and current is not None and current.get("Labels", {}).get(INPUTS_LABEL) == label:
+        print(f"images: {spec.name} up to date ({label})", file=sys.stderr)
+        return "up to date"
+    if spec.uv_cache:
+        uv_cache.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(_graph_root(env)).free
+        if free < MIN_FREE_BYTES_FOR_VLLM_BASE:
+            raise BuildError(
+                f"{spec.name} needs {MIN_FREE_BYTES_FOR_VLLM_BASE / 2**30:.0f} GiB free "
+                f"in podman's storage; {free / 2**30:.1f} GiB left"
+            )
+    # Another tree's image logs under its tag, beside (not over) the current one's.
+    log_name = spec.key if spec.root == REPO else f"{spec.key}-{spec.name.rsplit(':', 1)[-1]}"
+    log_path = cache_dir() / "images" / "logs" / f"{log_name}.log"
+    print(f"images: building {spec.name} ({label}), log {log_path}", file=sys.stderr)
+    started = time.monotonic()
+    _run_logged(build_command(spec, all_specs, label, uv_cache), log_path, env)
+    elapsed = time.monotonic() - started
+    built = inspect(spec.name, env)
+    if built is None or built.get("Labels", {}).get(INPUTS_LABEL) != label:
+        raise BuildError(f"{spec.name} is missing or unlabelled after its build")
+    print(f"images: {spec.name} built in {elapsed:.0f}s", file=sys.stderr)
+    return f"built in {elapsed:.0f}s"
+
+
+def _prune(
+    all_specs: Mapping[str, ImageSpec], env: Mapping[str, str], also: Iterable[ImageSpec] = ()
+) -> None:
+    """Remove stale build cache, keeping what the current images (and `also`) rest on."""
+    current_hashes = {input_hash(spec, all_specs) for spec in [*all_specs.values(), *also]}
+    pruned = prune_stale_build_cache(current_hashes, env)
+    print(f"images: removed {pruned} replaced or stale build-cache images", file=sys.stderr)
 
 
 def report(keys: Iterable[str]) -> list[dict[str, Any]]:
@@ -440,6 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("names", help="KEY=IMAGE for every image")
     p_report = sub.add_parser("report", help="ID, digest and size of every image (JSON)")
     p_report.add_argument("keys", nargs="*", metavar="KEY")
+    p_tree = sub.add_parser(
+        "build-tree", help="the operator image of another source tree; prints its name"
+    )
+    p_tree.add_argument("tree", type=Path, metavar="DIR")
+    p_tree.add_argument("--revision", required=True, help="its short commit: the tag's suffix")
     args = parser.parse_args(argv)
     unknown = sorted(set(getattr(args, "keys", [])) - set(specs()))
     if unknown:
@@ -451,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{key}={spec.name}")
         elif args.command == "build":
             build(args.keys or PRODUCT_IMAGES, force=args.force)
+        elif args.command == "build-tree":
+            print(build_tree(args.tree, args.revision))
         else:
             print(json.dumps(report(args.keys or list(specs())), indent=2))
     except BuildError as error:

@@ -1,6 +1,6 @@
-"""`pdmtp.api.kinds` is the one table of kinds: deploy/rbac.yaml grants exactly what it needs (no
-more, no less), every kind the core applies is watched into the cache, and every path is one the
-API server serves."""
+"""`pdmtp.api.kinds` is the one table of kinds: deploy/operator/rbac.yaml grants exactly what it
+needs (no more, no less), every kind the core applies is watched into the cache, and every path is
+one the API server serves."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pdmtp.core.actions import Apply
 from pdmtp.core.reconcile import Observed, decide
 
 REPO = Path(__file__).resolve().parents[2]
-RBAC = REPO / "deploy" / "rbac.yaml"
+RBAC = REPO / "deploy" / "operator" / "rbac.yaml"
 ROLE_KINDS = {"Role", "ClusterRole"}
 
 
@@ -74,7 +74,8 @@ def test_the_role_is_bound_to_the_operators_service_account() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", **{k: account["metadata"][k] for k in ("name", "namespace")}}
     ]
-    operator = next(yaml.safe_load_all((REPO / "deploy" / "operator.yaml").read_text()))
+    manifest = REPO / "deploy" / "operator" / "operator.yaml"
+    operator = next(yaml.safe_load_all(manifest.read_text()))
     assert operator["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
 
 

@@ -2,9 +2,9 @@
 cache watches it, and what the operator's identity does with it.
 
 The API paths (`pdmtp.kube`), the reflectors (`pdmtp.cache`), the observation handed to the core
-(`pdmtp.controller`) and the RBAC rules `deploy/rbac.yaml` must grant (a unit test compares them)
-all read this table, so a kind added here is paths, cache, observation and a failing RBAC test
-at once. Pure data: no Kubernetes client, no kopf.
+(`pdmtp.controller`) and the RBAC rules `deploy/operator/rbac.yaml` must grant (a unit test
+compares them) all read this table, so a kind added here is paths, cache, observation and a
+failing RBAC test at once. Pure data: no Kubernetes client, no kopf.
 """
 
 from __future__ import annotations
