@@ -30,20 +30,26 @@ venv: $(VENV)/.installed ## Create .venv with pdmtp and its test/dev tools
 generate: venv ## Regenerate crds/ and docs/api-reference.md from the pydantic model
 	$(VENV)/bin/pdmtp crd > crds/pdmtp.io_pddeployments.yaml
 	$(VENV)/bin/pdmtp crd --kind PDRoleScale > crds/pdmtp.io_pdrolescales.yaml
+	rm -f charts/pdmtp/files/crds/*.yaml && cp crds/pdmtp.io_*.yaml charts/pdmtp/files/crds/
 	$(VENV)/bin/pdmtp docs > docs/api-reference.md
 
 .PHONY: verify
 verify: venv ## Fail if crds/ or docs/ drifted from the model
 	diff -u crds/pdmtp.io_pddeployments.yaml <($(VENV)/bin/pdmtp crd)
 	diff -u crds/pdmtp.io_pdrolescales.yaml <($(VENV)/bin/pdmtp crd --kind PDRoleScale)
+	diff -ru -x kustomization.yaml crds charts/pdmtp/files/crds
 	diff -u docs/api-reference.md <($(VENV)/bin/pdmtp docs)
 
 .PHONY: lint
-lint: venv ## ruff, mypy --strict, import-linter (the core stays pure)
+lint: venv chart-check ## ruff, mypy --strict, import-linter (the core stays pure)
 	$(VENV)/bin/ruff check operator tests hack images
 	$(VENV)/bin/ruff format --check operator tests hack images
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+
+.PHONY: chart-check
+chart-check: venv helm-bin cluster-bins ## charts/pdmtp renders what deploy/ installs (kubectl kustomize); helm lint --strict
+	PDMTP_HELM="$$(hack/helm/build.sh)" $(PY) hack/chart-check.py
 
 # ---- local control plane -------------------------------------------------------------------
 
@@ -81,8 +87,8 @@ demo-down: ## Stop the demo's operator and control plane
 # ---- tests --------------------------------------------------------------------------------------
 
 .PHONY: test-unit
-test-unit: venv ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
-	$(PY) -m pytest tests/unit -q
+test-unit: venv helm-bin ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
+	PDMTP_HELM="$$(hack/helm/build.sh)" $(PY) -m pytest tests/unit -q
 
 .PHONY: test-router
 test-router: venv ## Router tier: the pinned vllm-router against emulated engines on loopback
@@ -112,7 +118,7 @@ test-pd-cpu: venv ## CPU P/D tier: real vLLM prefill + decode over Mooncake TCP 
 	  "$$PD_CPU_PY" -m pytest tests/pd_cpu -q -p no:cacheprovider -c tests/pd_cpu/pytest.ini
 
 .PHONY: test-cluster
-test-cluster: venv cluster-bins keda-bins ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
+test-cluster: venv cluster-bins keda-bins helm-bin ## Cluster tier: real API server, scheduler, GC, KWOK; the operator
 	$(PY) -m pytest tests/cluster -q -m cluster
 
 .PHONY: bench-scale

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 from pdmtp.api.vocabulary import ROUTER_VERSION
 from versions import VERSIONS_FILE, read_versions
 
@@ -116,3 +117,11 @@ def test_the_router_pin_is_what_the_operator_deploys_and_pip_installs() -> None:
     assert pin == ROUTER_VERSION
     assert pinned(lock) == [pin]
     assert pinned(test_extra) == [pin]
+
+
+def test_the_chart_version_and_app_version_are_the_project_version() -> None:
+    """charts/pdmtp is released with the operator: one version for both (and the image tag the
+    chart deploys by default is its appVersion)."""
+    chart = yaml.safe_load((REPO / "charts" / "pdmtp" / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert (chart["version"], chart["appVersion"]) == (project, project)
