@@ -9,6 +9,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pdmtp
 import pytest
 import yaml
 from pdmtp.api.vocabulary import ROUTER_VERSION
@@ -125,3 +126,28 @@ def test_the_chart_version_and_app_version_are_the_project_version() -> None:
     chart = yaml.safe_load((REPO / "charts" / "pdmtp" / "Chart.yaml").read_text())
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert (chart["version"], chart["appVersion"]) == (project, project)
+
+
+def test_the_installed_operator_reports_the_project_version() -> None:
+    """pdmtp.__version__ (the log's first line, pdmtp_build_info, --version) is read from the
+    installed metadata: an install older than pyproject.toml would report a stale release."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert pdmtp.__version__ == project, "reinstall (`make venv`): the venv's pdmtp is stale"
+
+
+def test_the_previous_release_tag_names_the_pinned_commit() -> None:
+    """The upgrade tests build the previous release from its pinned commit (a clone may lack
+    tags); where the tag is present it must be that commit. It is older than this tree."""
+    pins = read_versions()
+    tag, commit = pins["PREVIOUS_RELEASE"], pins["PREVIOUS_RELEASE_COMMIT"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert tag != f"v{project}", "PREVIOUS_RELEASE must be an older release than this tree"
+    assert re.fullmatch(r"[0-9a-f]{40}", commit), commit
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode == 0:
+        assert found.stdout.strip() == commit, f"tag {tag} is {found.stdout.strip()}, not {commit}"
