@@ -372,8 +372,13 @@ else
       break
     fi
   done
+  # PYTEST_ARGS that name files or directories (tests/...) select them; otherwise tests/e2e.
+  selected=(tests/e2e)
+  for arg in "${PYTEST_ARGS[@]}"; do
+    if [[ $arg == tests/* ]]; then selected=() && break; fi
+  done
   step "tests/e2e against kind"
-  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA "${PYTEST_ARGS[@]}" || E2E_RC=$?
+  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA "${PYTEST_ARGS[@]}" || E2E_RC=$?
 fi
 if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
 if [[ -s $PDMTP_E2E_UPGRADE_RESULT ]]; then echo "upgrade figures: $(tr -d '\n ' <"$PDMTP_E2E_UPGRADE_RESULT")"; fi

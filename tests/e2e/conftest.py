@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from cluster.kubehelpers import kubeconfig_server
-from e2e.kindkit import Images, Kind, KubectlError
+from e2e.kindkit import Images, Kind, KubectlError, Upgrade
 from localcluster import default_bin_dir
 from loopback import is_loopback_url
 
@@ -97,3 +97,13 @@ def namespace(kind: Kind, request: pytest.FixtureRequest) -> Iterator[str]:
     name = new_namespace(kind, Path(str(request.path)).stem.removeprefix("test_"))
     yield name
     kind.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def upgrade(kind: Kind) -> Upgrade:
+    """The previous release to upgrade from (tree, image), helm, and the install overlay."""
+    try:
+        return Upgrade.from_env(os.environ)
+    except LookupError as exc:
+        _unavailable(f"upgrade inputs: {exc}")
+        raise

@@ -8,6 +8,8 @@ in a pod of its own (the load client), so all traffic stays on loopback or insid
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -231,3 +233,114 @@ class LoadRun:
         if phase != "Succeeded" or not last or not last.get("summary"):
             raise AssertionError(f"load client {self.name} ended {phase}: {last}")
         return last
+
+
+# ---- upgrades and uninstalls (tests/e2e/test_upgrade.py) -----------------------------------------
+
+UPGRADE_ENV = {
+    "release": "PDMTP_E2E_PREVIOUS_RELEASE",
+    "tree": "PDMTP_E2E_PREVIOUS_TREE",
+    "image": "PDMTP_E2E_PREVIOUS_OPERATOR_IMAGE",
+    "helm": "PDMTP_HELM",
+    "overlay": "PDMTP_E2E_INSTALL_OVERLAY",
+}
+OPERATOR_SELECTOR = "app.kubernetes.io/name=pdmtp-operator"
+_RECONCILES = re.compile(r"^pdmtp_reconcile_total\{([^}]*)\}\s+([0-9.e+]+)$", re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What an upgrade starts from (the previous release: its tree with deploy/ and charts/, and
+    its operator image) and what it goes to (this tree, the overlay install_pdmtp applies)."""
+
+    release: str
+    tree: Path
+    image: str
+    helm: str
+    overlay: Path
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Upgrade:
+        missing = [name for name in UPGRADE_ENV.values() if not env.get(name)]
+        if missing:
+            raise LookupError(f"unset: {', '.join(missing)} (hack/kind-e2e.sh sets them)")
+        got = {key: env[name] for key, name in UPGRADE_ENV.items()}
+        up = cls(
+            release=got["release"],
+            tree=Path(got["tree"]),
+            image=got["image"],
+            helm=got["helm"],
+            overlay=Path(got["overlay"]),
+        )
+        for path in (up.tree / "deploy/kustomization.yaml", up.overlay / "kustomization.yaml"):
+            if not path.is_file():
+                raise LookupError(f"{path} is missing")
+        if not os.access(up.helm, os.X_OK):
+            raise LookupError(f"no helm at {up.helm} (hack/helm/build.sh builds it)")
+        return up
+
+
+def write_overlay(directory: Path, base: Path, image: str) -> Path:
+    """A kustomization that takes `base` as it is and only points its operator image at `image`
+    (what hack/kind-e2e.sh's install_pdmtp applies)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name, _, tag = image.rpartition(":")
+    (directory / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\n"
+        "kind: Kustomization\n"
+        f"resources:\n  - {os.path.relpath(base, directory)}\n"
+        f'images:\n  - name: pdmtp-operator\n    newName: {name}\n    newTag: "{tag}"\n'
+    )
+    return directory
+
+
+def operator_pod(kind: Kind, image: str) -> str | None:
+    """The operator pod running `image`, Ready and not terminating; None if there is none."""
+    for pod in kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR):
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        statuses = pod["status"].get("containerStatuses") or []
+        if (
+            pod["spec"]["containers"][0]["image"] == image
+            and statuses
+            and all(s.get("ready") for s in statuses)
+        ):
+            return str(pod["metadata"]["name"])
+    return None
+
+
+def reconciles(kind: Kind, pod: str) -> dict[tuple[str, str], float]:
+    """pdmtp_reconcile_total per (namespace, name), read from the operator pod's metrics port
+    through the API server's pod proxy."""
+    text = kind.raw(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{pod}:9090/proxy/metrics")
+    out: dict[tuple[str, str], float] = {}
+    for labels, value in _RECONCILES.findall(text):
+        got = dict(_LABEL.findall(labels))
+        out[(got.get("namespace", ""), got.get("name", ""))] = float(value)
+    return out
+
+
+@dataclass
+class Helm:
+    """The helm CLI against the kind cluster, its caches and config in a directory of its own."""
+
+    binary: str
+    kubeconfig: Path
+    home: Path
+
+    def __call__(self, *args: str, timeout: float = 300, check: bool = True) -> str:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
+        cmd = [self.binary, f"--kubeconfig={self.kubeconfig}", *args]
+        result = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
+        if check and result.returncode != 0:
+            raise KubectlError(f"helm {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout

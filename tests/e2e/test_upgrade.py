@@ -1,0 +1,561 @@
+"""kind e2e: upgrading pdmtp from the previous release, and uninstalling it, leave the workloads
+alone (issue 23). Two PDDeployments (MTP k=3 over 3 modules as samples/demo.yaml, k=1 as
+samples/minimal.yaml; emulated engines behind the real router) serve the in-cluster load client
+throughout:
+
+1. kustomize: the previous release installed from its own deploy/ with its own image, then this
+   tree's deploy/ applied through the overlay that only swaps the image (install_pdmtp's). No
+   request fails; no engine or router pod restarts or is replaced; no Deployment, ReplicaSet or
+   ControllerRevision appears or goes; every PDDeployment keeps its spec, generation and
+   revisions. Checked once the new operator has reconciled each PDDeployment (its
+   pdmtp_reconcile_total, read through the API server's pod proxy) and a settle window passed.
+2. `kubectl delete -k deploy/operator/` leaves them serving; `kubectl delete crd` is refused by
+   the deletion guard; the purge (CRDs annotated pdmtp.io/allow-delete=true, then
+   `kubectl delete -k deploy/`) removes the CRDs, the PDDeployments and their pods.
+3. helm: the same upgrade, from `helm install` of the previous tree's chart and image to
+   `helm upgrade` with this tree's.
+4. `helm uninstall` (default values) leaves them serving; installed again, the purge
+   (`helm upgrade --reuse-values --set crds.keep=false`, `helm uninstall`) removes everything.
+5. this tree installed as hack/kind-e2e.sh's install_pdmtp leaves it, which the later files
+   expect (the module's teardown puts it back as well when a step failed).
+
+The PDDeployments of a path are created once and serve both its upgrade and its uninstall.
+Figures go to PDMTP_E2E_UPGRADE_RESULT (JSON) when set, and are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import pdd
+from e2e.kindkit import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_SELECTOR,
+    Helm,
+    Kind,
+    KubectlError,
+    LoadRun,
+    Upgrade,
+    operator_pod,
+    reconciles,
+    wait_for,
+    write_overlay,
+)
+from pdmtp.api.vocabulary import LABEL_NAME
+
+REPO = Path(__file__).resolve().parents[2]
+RESULT_ENV = "PDMTP_E2E_UPGRADE_RESULT"
+RELEASE = "pdmtp"
+"""The Helm release's name (in OPERATOR_NAMESPACE, as the chart asks)."""
+NAMES = ("mtp3", "mtp1")
+CRDS = ("pddeployments.pdmtp.io", "pdrolescales.pdmtp.io")
+ALLOW_DELETE = "pdmtp.io/allow-delete"
+SETTLE_SECONDS = 10
+"""After the new operator has reconciled every PDDeployment: time for any write it would make."""
+results: dict[str, Any] = {}
+
+
+@dataclass
+class Serving:
+    """One path's PDDeployments under load, and what they were before the upgrade."""
+
+    loads: dict[str, LoadRun]
+    before: dict[str, Any]
+    marks: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Requests sent/failed per load client at each step, from its progress lines."""
+
+    def mark(self, step: str) -> None:
+        self.marks[step] = {}
+        for name, load in self.loads.items():
+            last = load.progress() or {}
+            self.marks[step][f"{name}_sent"] = int(last.get("sent", 0))
+            self.marks[step][f"{name}_failed"] = int(last.get("failed", 0))
+
+
+state: dict[str, Any] = {"restored": False}
+
+
+def record(key: str, figures: dict[str, Any]) -> None:
+    results[key] = figures
+    print(f"\n{key}: {json.dumps(figures, sort_keys=True)}")
+    if os.environ.get(RESULT_ENV):
+        Path(os.environ[RESULT_ENV]).write_text(json.dumps(results, indent=2, sort_keys=True))
+
+
+def spec_for(kind: Kind, name: str) -> dict[str, Any]:
+    base = pdd(name).set(image=kind.images.emulator, model={"name": kind.images.engine_model})
+    if name == "mtp3":
+        base = base.mtp(3, modules=3, method="deepseek_mtp")
+    else:
+        base = base.mtp(1, method="qwen3_next_mtp")
+    return (
+        base.prefill(replicas=1)
+        .decode(replicas=1)
+        .router(image=kind.images.router, resources={"requests": {"cpu": "100m"}})
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
+        .set(pod={"terminationGracePeriodSeconds": 33})
+        .dict()
+    )
+
+
+# ---- installs ------------------------------------------------------------------------------------
+
+
+def install_kustomize(kind: Kind, overlay: Path) -> None:
+    """What hack/kind-e2e.sh's install_pdmtp does."""
+    kind.kubectl("apply", "-k", str(overlay), timeout=180)
+    kind.kubectl(
+        "wait", "--for=condition=Established", f"crd/{CRDS[0]}", "--timeout=60s", timeout=90
+    )
+    kind.kubectl(
+        "-n",
+        OPERATOR_NAMESPACE,
+        "rollout",
+        "status",
+        "deploy/pdmtp-operator",
+        "--timeout=180s",
+        timeout=210,
+    )
+
+
+def image_values(image: str) -> list[str]:
+    repository, _, tag = image.rpartition(":")
+    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}"]
+
+
+def operator_gone(kind: Kind) -> bool:
+    try:
+        return not kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR)
+    except KubectlError:
+        return True  # the namespace itself is gone
+
+
+def crds_gone(kind: Kind) -> bool:
+    found = kind.kubectl("get", "crd", *CRDS, "--ignore-not-found", "-o", "name")
+    return not found.strip()
+
+
+def remove_pdmtp(kind: Kind, helm: Helm, overlay: Path) -> None:
+    """Whatever pdmtp install the cluster has (kustomize or Helm), gone with its CRDs: so a
+    release installs on a clean cluster."""
+    if helm("status", RELEASE, "-n", OPERATOR_NAMESPACE, check=False).strip():
+        helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE, check=False)
+    present = kind.kubectl("get", "crd", *CRDS, "--ignore-not-found", "-o", "name").split()
+    if present:
+        kind.kubectl("annotate", *present, f"{ALLOW_DELETE}=true", "--overwrite")
+    kind.kubectl("delete", "-k", str(overlay), "--ignore-not-found", "--wait=true", timeout=300)
+    kind.kubectl(
+        "delete", "namespace", OPERATOR_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300
+    )
+    wait_for(lambda: crds_gone(kind), "the pdmtp CRDs gone", 180)
+
+
+@pytest.fixture(scope="module")
+def helm(kind: Kind, upgrade: Upgrade, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(upgrade.helm, kind.kubeconfig, tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="module")
+def overlays(
+    upgrade: Upgrade, kind: Kind, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("overlays")
+    return {
+        "previous": write_overlay(root / "previous", upgrade.tree / "deploy", upgrade.image),
+        "current": upgrade.overlay,
+        "current-operator": write_overlay(
+            root / "current-operator", REPO / "deploy/operator", kind.images.operator
+        ),
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def back_to_current(kind: Kind, upgrade: Upgrade, helm: Helm) -> Iterator[None]:
+    """The later files run against this tree installed by kustomize: put it back if a step
+    failed before test_5 did."""
+    started = time.monotonic()
+    yield
+    if not state["restored"]:
+        remove_pdmtp(kind, helm, upgrade.overlay)
+        install_kustomize(kind, upgrade.overlay)
+    results["wall_seconds"] = round(time.monotonic() - started, 1)
+    record("wall_seconds", results.pop("wall_seconds"))
+
+
+# ---- what must not change ------------------------------------------------------------------------
+
+
+def snapshot(kind: Kind, namespace: str) -> dict[str, Any]:
+    """Identity of every workload object of the namespace's PDDeployments: pods (UID, restart
+    counts), Deployments, ReplicaSets, ControllerRevisions, and the PDDeployments' spec,
+    generation and revisions."""
+
+    def items(resource: str) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = kind.get(resource, "-n", namespace, "-l", LABEL_NAME)["items"]
+        return found
+
+    pods = {
+        p["metadata"]["name"]: {
+            "uid": p["metadata"]["uid"],
+            "restarts": {
+                c["name"]: c.get("restartCount", 0)
+                for c in p["status"].get("containerStatuses") or []
+            },
+        }
+        for p in items("pods")
+    }
+    owned = {
+        resource: {o["metadata"]["name"]: o["metadata"]["uid"] for o in items(resource)}
+        for resource in ("deployments", "replicasets")
+    }
+    revisions = {
+        r["metadata"]["name"]: {"uid": r["metadata"]["uid"], "revision": r.get("revision")}
+        for r in items("controllerrevisions")
+    }
+    pdds = {}
+    for name in NAMES:
+        obj = kind.pdd(namespace, name)
+        status = obj.get("status") or {}
+        pdds[name] = {
+            "uid": obj["metadata"]["uid"],
+            "generation": obj["metadata"]["generation"],
+            "spec": obj["spec"],
+            "observedGeneration": status.get("observedGeneration"),
+            "currentRevision": status.get("currentRevision"),
+            "updateRevision": status.get("updateRevision"),
+            "revisions": [(r.get("revision"), r.get("phase")) for r in status.get("revisions", [])],
+        }
+    return {"pods": pods, **owned, "controllerrevisions": revisions, "pddeployments": pdds}
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What differs between two snapshots, by kind of object: [] when nothing."""
+    out: dict[str, Any] = {}
+    for key in before:
+        old, new = before[key], after[key]
+        out[key] = [
+            {"name": name, "before": old.get(name), "after": new.get(name)}
+            for name in sorted(set(old) | set(new))
+            if old.get(name) != new.get(name)
+        ]
+    return out
+
+
+def restarted(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
+    """(pods replaced, container restarts) between two snapshots."""
+    old = {p["uid"]: p for p in before["pods"].values()}
+    new = {p["uid"]: p for p in after["pods"].values()}
+    replaced = len(set(old) ^ set(new))
+    restarts = sum(
+        max(count - old[uid]["restarts"].get(container, 0), 0)
+        for uid, pod in new.items()
+        if uid in old
+        for container, count in pod["restarts"].items()
+    )
+    return replaced, restarts
+
+
+def serving(kind: Kind, namespace: str) -> bool:
+    for name in NAMES:
+        conditions = {
+            c["type"]: c["status"]
+            for c in (kind.pdd(namespace, name).get("status") or {}).get("conditions", [])
+        }
+        if conditions.get("Available") != "True" or conditions.get("Progressing") != "False":
+            return False
+    return True
+
+
+# ---- the two steps both paths take -------------------------------------------------------------
+
+
+def serve_under_load(kind: Kind, namespace: str, previous_image: str) -> Serving:
+    """The PDDeployments created under the previous operator, Available, and load on each."""
+    assert operator_pod(kind, previous_image), f"the previous operator ({previous_image}) runs"
+    for name in NAMES:
+        kind.apply(spec_for(kind, name), namespace)
+    wait_for(lambda: serving(kind, namespace), f"{', '.join(NAMES)} Available", 300, every=2)
+    loads = {
+        name: LoadRun.start(
+            kind, namespace, name, concurrency=2, max_requests=100_000, max_seconds=900
+        )
+        for name in NAMES
+    }
+    for load in loads.values():
+        load.wait_sending()
+    run = Serving(loads, snapshot(kind, namespace))
+    run.mark("loaded")
+    return run
+
+
+def upgraded(
+    kind: Kind,
+    namespace: str,
+    run: Serving,
+    path: str,
+    previous_image: str,
+    do: Callable[[], None],
+    extra: dict[str, Any],
+) -> None:
+    """Run the upgrade `do`, wait until the new operator has reconciled every PDDeployment and
+    the settle window has passed, and check that nothing of theirs changed."""
+    old_pod = operator_pod(kind, previous_image)
+    started = time.monotonic()
+    do()
+    pod = wait_for(lambda: operator_pod(kind, kind.images.operator), "the new operator Ready", 240)
+    ready_seconds = time.monotonic() - started
+
+    def counted() -> dict[str, float] | None:
+        got = reconciles(kind, pod)
+        per = {name: got.get((namespace, name), 0.0) for name in NAMES}
+        return per if all(count >= 1 for count in per.values()) else None
+
+    first = wait_for(counted, "the new operator's reconcile of every PDDeployment", 180)
+    reconciled_seconds = time.monotonic() - started
+    time.sleep(SETTLE_SECONDS)
+    after = snapshot(kind, namespace)
+    settled = counted() or {}
+    run.mark("upgraded")
+    replaced, restarts = restarted(run.before, after)
+    diff = changes(run.before, after)
+    figures = {
+        "from_image": previous_image,
+        "to_image": kind.images.operator,
+        "operator_ready_seconds": round(ready_seconds, 1),
+        "reconciled_seconds": round(reconciled_seconds, 1),
+        "reconciles_first_seen": first,
+        "reconciles_after_settle": settled,
+        "settle_seconds": SETTLE_SECONDS,
+        "workload_pods": len(after["pods"]),
+        "pods_replaced": replaced,
+        "container_restarts": restarts,
+        "revisions": {n: p["currentRevision"] for n, p in after["pddeployments"].items()},
+        "controller_revisions": len(after["controllerrevisions"]),
+        "requests_during_upgrade": {
+            key: run.marks["upgraded"][key] - run.marks["loaded"][key]
+            for key in run.marks["upgraded"]
+        },
+    }
+    record(f"{path}: upgrade", {**extra, **figures})
+    operators = [p["metadata"]["name"] for p in kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR)]
+    assert old_pod and old_pod not in operators, (old_pod, operators)
+    assert all(not changed for changed in diff.values()), json.dumps(diff, indent=1)
+    assert replaced == 0 and restarts == 0
+    assert all(v == 0 for k, v in run.marks["upgraded"].items() if k.endswith("_failed"))
+    assert serving(kind, namespace)
+
+
+def stop_loads(run: Serving) -> dict[str, Any]:
+    for load in run.loads.values():
+        load.stop()
+    summaries = {name: load.summary() for name, load in run.loads.items()}
+    figures = {
+        name: {
+            key: s[key]
+            for key in ("sent", "ok", "failed", "cross_revision", "pairs", "errors", "seconds")
+        }
+        for name, s in summaries.items()
+    }
+    for name, s in summaries.items():
+        assert s["stopped_by"] == "stop file", f"{name}: the loop ended before the steps did"
+        assert s["failed"] == 0, (name, s["errors"])
+        assert s["cross_revision"] == 0, (name, s["pairs"])
+    return figures
+
+
+def gone(kind: Kind, namespace: str) -> bool:
+    """The CRDs, and with them the PDDeployments, and every workload pod of the namespace."""
+    pods = kind.get("pods", "-n", namespace, "-l", LABEL_NAME)["items"]
+    return crds_gone(kind) and not pods
+
+
+# ---- the tests -----------------------------------------------------------------------------------
+
+
+def test_1_kustomize_upgrade_from_the_previous_release_touches_no_workload(
+    kind: Kind, upgrade: Upgrade, helm: Helm, overlays: dict[str, Path], namespace: str
+) -> None:
+    started = time.monotonic()
+    remove_pdmtp(kind, helm, upgrade.overlay)
+    install_kustomize(kind, overlays["previous"])
+    installed_seconds = round(time.monotonic() - started, 1)
+    run = serve_under_load(kind, namespace, upgrade.image)
+    state["kustomize"] = run
+    upgraded(
+        kind,
+        namespace,
+        run,
+        "kustomize",
+        upgrade.image,
+        lambda: install_kustomize(kind, upgrade.overlay),
+        {"previous_release": upgrade.release, "previous_installed_seconds": installed_seconds},
+    )
+
+
+def test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything(
+    kind: Kind, upgrade: Upgrade, overlays: dict[str, Path], namespace: str
+) -> None:
+    run: Serving = state["kustomize"]
+    started = time.monotonic()
+    kind.kubectl("delete", "-k", str(overlays["current-operator"]), "--wait=true", timeout=300)
+    wait_for(lambda: operator_gone(kind), "the operator gone", 120)
+    uninstall_seconds = time.monotonic() - started
+    try:
+        kind.kubectl("delete", "crd", CRDS[0], "--wait=false")
+        refusal = ""
+    except KubectlError as exc:
+        refusal = str(exc)
+    time.sleep(SETTLE_SECONDS)
+    after = snapshot(kind, namespace)
+    replaced, restarts = restarted(run.before, after)
+    run.mark("operator deleted")
+    loads = stop_loads(run)
+    started = time.monotonic()
+    kind.kubectl("annotate", "crd", *CRDS, f"{ALLOW_DELETE}=true", "--overwrite")
+    kind.kubectl(
+        "delete", "-k", str(upgrade.overlay), "--ignore-not-found", "--wait=true", timeout=300
+    )
+    wait_for(lambda: gone(kind, namespace), "CRDs, PDDeployments and pods gone", 180)
+    purge_seconds = time.monotonic() - started
+    record(
+        "kustomize: uninstall",
+        {
+            "delete_operator_seconds": round(uninstall_seconds, 1),
+            "crd_delete_refused": refusal,
+            "pods_replaced": replaced,
+            "container_restarts": restarts,
+            "load": loads,
+            "purge_seconds": round(purge_seconds, 1),
+        },
+    )
+    assert ALLOW_DELETE in refusal, f"`kubectl delete crd {CRDS[0]}` was not refused: {refusal}"
+    diff = changes(run.before, after)
+    assert all(not changed for changed in diff.values()), json.dumps(diff, indent=1)
+    assert replaced == 0 and restarts == 0
+
+
+def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
+    kind: Kind, upgrade: Upgrade, helm: Helm, namespace: str
+) -> None:
+    chart = upgrade.tree / "charts/pdmtp"
+    assert chart.is_dir(), (
+        f"the previous release {upgrade.release} ({upgrade.tree.name}) has no charts/pdmtp: "
+        "versions.env PREVIOUS_RELEASE_COMMIT must be a release with the Helm chart"
+    )
+    started = time.monotonic()
+    helm(
+        "install",
+        RELEASE,
+        str(chart),
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        *image_values(upgrade.image),
+    )
+    kind.kubectl(
+        "-n",
+        OPERATOR_NAMESPACE,
+        "rollout",
+        "status",
+        "deploy/pdmtp-operator",
+        "--timeout=180s",
+        timeout=210,
+    )
+    installed_seconds = round(time.monotonic() - started, 1)
+    run = serve_under_load(kind, namespace, upgrade.image)
+    state["helm"] = run
+    upgraded(
+        kind,
+        namespace,
+        run,
+        "helm",
+        upgrade.image,
+        lambda: helm(
+            "upgrade",
+            RELEASE,
+            str(REPO / "charts/pdmtp"),
+            "-n",
+            OPERATOR_NAMESPACE,
+            *image_values(kind.images.operator),
+        ),
+        {"previous_release": upgrade.release, "previous_installed_seconds": installed_seconds},
+    )
+
+
+def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
+    kind: Kind, helm: Helm, namespace: str
+) -> None:
+    run: Serving = state["helm"]
+    chart = str(REPO / "charts/pdmtp")
+    started = time.monotonic()
+    helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE)
+    wait_for(lambda: operator_gone(kind), "the operator gone", 120)
+    uninstall_seconds = time.monotonic() - started
+    time.sleep(SETTLE_SECONDS)
+    after = snapshot(kind, namespace)
+    replaced, restarts = restarted(run.before, after)
+    kept = kind.kubectl("get", "crd", *CRDS, "-o", "name").split()
+    run.mark("uninstalled")
+    loads = stop_loads(run)
+
+    # Installed again (it takes over the CRDs it left), then purged.
+    helm("install", RELEASE, chart, "-n", OPERATOR_NAMESPACE, *image_values(kind.images.operator))
+    kind.kubectl(
+        "-n",
+        OPERATOR_NAMESPACE,
+        "rollout",
+        "status",
+        "deploy/pdmtp-operator",
+        "--timeout=180s",
+        timeout=210,
+    )
+    assert serving(kind, namespace)
+    started = time.monotonic()
+    helm(
+        "upgrade",
+        RELEASE,
+        chart,
+        "-n",
+        OPERATOR_NAMESPACE,
+        "--reuse-values",
+        "--set",
+        "crds.keep=false",
+    )
+    helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE)
+    wait_for(lambda: gone(kind, namespace), "CRDs, PDDeployments and pods gone", 180)
+    purge_seconds = time.monotonic() - started
+    record(
+        "helm: uninstall",
+        {
+            "uninstall_seconds": round(uninstall_seconds, 1),
+            "crds_kept": kept,
+            "pods_replaced": replaced,
+            "container_restarts": restarts,
+            "load": loads,
+            "purge_seconds": round(purge_seconds, 1),
+        },
+    )
+    assert sorted(kept) == sorted(
+        f"customresourcedefinition.apiextensions.k8s.io/{c}" for c in CRDS
+    )
+    diff = changes(run.before, after)
+    assert all(not changed for changed in diff.values()), json.dumps(diff, indent=1)
+    assert replaced == 0 and restarts == 0
+
+
+def test_5_the_current_release_is_installed_again_as_install_pdmtp_leaves_it(
+    kind: Kind, upgrade: Upgrade, helm: Helm
+) -> None:
+    started = time.monotonic()
+    remove_pdmtp(kind, helm, upgrade.overlay)
+    install_kustomize(kind, upgrade.overlay)
+    state["restored"] = True
+    assert operator_pod(kind, kind.images.operator)
+    record("reinstall", {"seconds": round(time.monotonic() - started, 1)})
