@@ -13,7 +13,8 @@
 #      hack/kind/build-network-policies.sh; the docker runtime's kindnet enforces on its own); fake
 #      `nvidia.com/gpu` capacity on the node, so engine pods schedule on it and really run.
 #   3. the images loaded into the node (the engine image in the background); pdmtp installed
-#      with `kubectl apply -k deploy/` through an overlay that only points it at the local image.
+#      with `kubectl apply --server-side -k deploy/` through an overlay that only points it at
+#      the local image.
 #   4. the cluster tier's API-level tests (KIND_CLUSTER_TESTS) against the same API server: the real node tainted, KWOK
 #      (host process, hack/kwok/ stages) driving fake GPU nodes; then back to the real node.
 #   5. tests/e2e (PDMTP_CLUSTER=kind): the install; the NetworkPolicy enforced (who reaches which
@@ -266,7 +267,9 @@ images:
     newTag: "${OPERATOR_IMAGE##*:}"
 EOF
 install_pdmtp() {
-  "$KUBECTL" apply -k "$overlay"
+  # As deploy/kustomization.yaml says to install (the cluster tier applies deploy/ the same way,
+  # under the same field manager, so neither apply conflicts with the other).
+  "$KUBECTL" apply --server-side -k "$overlay"
   "$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io --timeout=60s
   "$KUBECTL" -n pdmtp-system rollout status deploy/pdmtp-operator --timeout=180s
 }

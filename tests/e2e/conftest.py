@@ -2,8 +2,9 @@
 
 hack/kind-e2e.sh (`make kind-e2e`) builds the images and the node image, creates the cluster,
 installs CoreDNS, gives the node fake `nvidia.com/gpu` capacity, loads the images and installs
-the operator with `kubectl apply -k`, then runs this tier with PDMTP_CLUSTER=kind, KUBECONFIG and
-the PDMTP_E2E_* image names set. Without them the tier skips, or fails under PDMTP_REQUIRE_ALL=1.
+the operator with `kubectl apply --server-side -k`, then runs this tier with PDMTP_CLUSTER=kind,
+KUBECONFIG and the PDMTP_E2E_* image names set. Without them the tier skips, or fails under
+PDMTP_REQUIRE_ALL=1.
 """
 
 from __future__ import annotations

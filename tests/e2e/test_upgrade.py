@@ -109,8 +109,8 @@ def spec_for(kind: Kind, name: str) -> dict[str, Any]:
 
 
 def install_kustomize(kind: Kind, overlay: Path) -> None:
-    """What hack/kind-e2e.sh's install_pdmtp does."""
-    kind.kubectl("apply", "-k", str(overlay), timeout=180)
+    """What hack/kind-e2e.sh's install_pdmtp does (deploy/kustomization.yaml's install)."""
+    kind.kubectl("apply", "--server-side", "-k", str(overlay), timeout=180)
     kind.kubectl(
         "wait", "--for=condition=Established", f"crd/{CRDS[0]}", "--timeout=60s", timeout=90
     )
