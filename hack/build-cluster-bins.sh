@@ -7,6 +7,9 @@
 #   PDMTP_K8S_VERSION, PDMTP_ETCD_VERSION, PDMTP_KWOK_VERSION override the pins of versions.env
 #   PDMTP_BUILD_PARALLEL go build -p (2)
 set -euo pipefail
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lock.sh"
+run_locked cluster-bins "$@"
 
 # shellcheck source=hack/versions.sh
 source "$(dirname "${BASH_SOURCE[0]}")/versions.sh"

@@ -15,6 +15,9 @@
 #   PDMTP_BUILD_PARALLEL  go build -p (2)
 #   the version is versions.env's KEDA_VERSION
 set -euo pipefail
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lock.sh"
+run_locked keda "$@"
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../.."
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }

@@ -12,6 +12,9 @@
 #   PDMTP_CACHE_DIR   cache root (default ~/.cache/pdmtp); binaries land in kind/bin/
 #   prints the bin directory on stdout; progress goes to stderr
 set -euo pipefail
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lock.sh"
+run_locked kind-bins "$@"
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 

@@ -15,6 +15,9 @@
 #                     kube-network-policies/<version>/, keyed by version and the inputs' hash
 #   the module version is versions.env's KUBE_NETWORK_POLICIES_VERSION
 set -euo pipefail
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lock.sh"
+run_locked network-policies "$@"
 cd "$(dirname "$0")/../.."
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 

@@ -16,6 +16,9 @@
 # so a second run is a lookup, and any change builds a new image. The two Debian bases are cached
 # on their own (keyed by their package lists).
 set -euo pipefail
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lock.sh"
+run_locked kind-node-image "$@"
 cd "$(dirname "$0")/../.."
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Warm the build caches while `make test` runs its first tiers (hack/with-prebuild.sh starts this
+# in the background): the Go builds (control plane, helm, KEDA, kind, kube-network-policies) and
+# the images (the local bases, operator, router, engine; the kind node image). Every build here is
+# one the tiers run themselves when they need it; each holds a lock (hack/lock.sh,
+# build_images.py), so a tier that gets there first waits for this build rather than doing it
+# twice. On a warm machine each is a lookup (seconds). Best effort: a failure is logged and the
+# tier that needs the build runs it again, in the foreground, where its failure counts.
+#
+# Niced (CPU and I/O): the builds take what the tiers leave idle (the cluster tier and kind wait
+# on pods much of the time), so they slow no timed test. Order: what the earliest tiers need first.
+#
+#   hack/prebuild.sh    progress and a per-build time on stdout
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+build() { # name command...
+  local name=$1 start=$SECONDS
+  shift
+  if "$@" >/dev/null; then
+    printf 'prebuild: %-22s %4d s\n' "$name" $((SECONDS - start))
+  else
+    printf 'prebuild: %-22s FAILED after %d s (the tier that needs it builds it again)\n' \
+      "$name" $((SECONDS - start))
+  fi
+}
+
+build cluster-bins hack/build-cluster-bins.sh
+build helm hack/helm/build.sh
+build keda hack/keda/build.sh
+build images python3 tests/support/build_images.py build base-python operator router engine
+build kind-bins hack/kind/build-bins.sh
+build network-policies hack/kind/build-network-policies.sh
+build kind-node-image hack/kind/build-node-image.sh
