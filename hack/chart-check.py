@@ -9,8 +9,9 @@
    version) and the crds.keep annotation are dropped, and deploy/'s Namespace (Helm's to make)
    is left out: RBAC rules, args, probes, security contexts, resources, CRD schemas, the
    deletion guard. A difference is printed as a diff per object.
-2. `helm lint --strict` passes with the default values and with values that turn every option
-   on (watchNamespaces, webhook, the ServiceMonitor, crds.keep=false, debug logging).
+2. `helm lint --strict` (at versions.env's K8S_VERSION) passes with the default values and with
+   values that turn every option on (watchNamespaces, webhook, the ServiceMonitor,
+   crds.keep=false, debug logging).
 
 PDMTP_HELM and PDMTP_KUBECTL name the binaries (default: the cached builds of the pins).
 """
@@ -65,11 +66,11 @@ def main() -> int:
     if problems:
         print(f"error: charts/pdmtp and deploy/ differ ({len(problems)} objects)", file=sys.stderr)
         return 1
+    # Deprecation checks at the Kubernetes version the repository pins.
+    lint = ["lint", "--strict", "--kube-version", read_versions()["K8S_VERSION"], str(CHART)]
     try:
-        run_helm(helm, "lint", "--strict", str(CHART))
-        run_helm(
-            helm, "lint", "--strict", str(CHART), *[f for s in EVERY_OPTION for f in ("--set", s)]
-        )
+        run_helm(helm, *lint)
+        run_helm(helm, *lint, *[f for s in EVERY_OPTION for f in ("--set", s)])
     except HelmError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
