@@ -41,9 +41,13 @@ def installed(cluster: Cluster) -> Iterator[None]:
     dry = kubectl(cluster, "apply", "--server-side", "-k", str(REPO / "deploy"), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
     yield
-    # Later files of the session delete and recreate the CRD (recovery from a late CRD).
+    # Later files of the session delete and recreate the CRD (recovery from a late CRD): the
+    # guard goes, and the API server must have stopped enforcing it (it does so a moment later).
     for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
         kubectl(cluster, "delete", kind, GUARD, "--ignore-not-found")
+    wait_for(
+        lambda: delete_crd_dry_run(cluster).returncode == 0, "the CRD guard withdrawn", 30, 0.5
+    )
 
 
 def delete_crd_dry_run(cluster: Cluster) -> subprocess.CompletedProcess[str]:
