@@ -94,6 +94,7 @@ cleanup() {
   if [[ -n $KWOK_PID ]]; then kill "$KWOK_PID" 2>/dev/null; wait "$KWOK_PID" 2>/dev/null; fi
   # The background image load: its podman save and exec, then the subshell itself.
   if [[ -n $ENGINE_LOAD_PID ]]; then pkill -P "$ENGINE_LOAD_PID" 2>/dev/null; kill "$ENGINE_LOAD_PID" 2>/dev/null; fi
+  rm -rf "$WORK/podman-tmp"
   if ((rc != 0)) && [[ -s $KUBECONFIG ]]; then
     echo "---- diagnostics (exit $rc) ----" >&2
     "$KUBECTL" get nodes -o wide >&2 || true
@@ -229,8 +230,12 @@ fi
 
 load_image() {
   if [[ $RUNTIME == podman ]]; then
-    # What `kind load image-archive` does, streamed: no multi-GB archive on disk.
-    podman save --quiet --format docker-archive "$1" |
+    # What `kind load image-archive` does, streamed. podman save still writes the archive to a
+    # temporary file first (TMPDIR, /var/tmp by default) and leaves it there when it is killed
+    # (an interrupted run: ~10 GB for the engine image each time): keep it in $WORK, which
+    # cleanup removes.
+    mkdir -p "$WORK/podman-tmp"
+    TMPDIR=$WORK/podman-tmp podman save --quiet --format docker-archive "$1" |
       podman exec -i "$NODE" ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - >/dev/null
   else
     "$KIND" load docker-image --name "$CLUSTER" "$1"
