@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import tomllib
 import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,16 @@ def test_the_image_carries_this_source(podman: Podman, operator_image: str) -> N
     result = pdmtp(podman, operator_image, "crd")
     assert result.returncode == 0, result.output
     assert result.output == CRD.read_text(), "the image's operator is not this source"
+
+
+def test_the_image_carries_the_release_version(podman: Podman, operator_image: str) -> None:
+    """Tag, OCI label and the code's own --version all name pyproject.toml's version."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert operator_image.endswith(f":{version}"), operator_image
+    labels = podman.image_config(operator_image).get("Labels") or {}
+    assert labels.get("org.opencontainers.image.version") == version, labels
+    result = pdmtp(podman, operator_image, "--version")
+    assert result.returncode == 0 and result.output.strip() == f"pdmtp {version}", result.output
 
 
 def test_validate_accepts_a_sample_and_rejects_a_broken_one(
@@ -166,6 +177,10 @@ def test_reconciles_with_liveness_and_metrics_answering(
         f"http://127.0.0.1:{liveness_port}/healthz", timeout=60, alive=alive, describe=logs
     )
     assert content_type == "application/json", "the operator's liveness answers JSON"
+    # The log starts with the build that runs (what to look for after an upgrade).
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    first = podman.logs(name).splitlines()[0]
+    assert f"pdmtp {version} starting" in first and "watching default" in first, first
 
     # Real work: the operator in the container writes the status of a PDDeployment.
     body = yaml.safe_load((SAMPLES / "minimal.yaml").read_text())
