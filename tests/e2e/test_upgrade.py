@@ -55,6 +55,8 @@ RESULT_ENV = "PDMTP_E2E_UPGRADE_RESULT"
 RELEASE = "pdmtp"
 """The Helm release's name (in OPERATOR_NAMESPACE, as the chart asks)."""
 NAMES = ("mtp3", "mtp1")
+FRESH = "fresh"
+"""Created under this tree's chart after its helm install, to reach Available there."""
 CRDS = ("pddeployments.pdmtp.io", "pdrolescales.pdmtp.io")
 ALLOW_DELETE = "pdmtp.io/allow-delete"
 SETTLE_SECONDS = 10
@@ -262,8 +264,8 @@ def restarted(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
     return replaced, restarts
 
 
-def serving(kind: Kind, namespace: str) -> bool:
-    for name in NAMES:
+def serving(kind: Kind, namespace: str, names: tuple[str, ...] = NAMES) -> bool:
+    for name in names:
         conditions = {
             c["type"]: c["status"]
             for c in (kind.pdd(namespace, name).get("status") or {}).get("conditions", [])
@@ -517,6 +519,11 @@ def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
         timeout=210,
     )
     assert serving(kind, namespace)
+    # This tree's chart, installed by helm, serves a PDDeployment it has never seen.
+    started = time.monotonic()
+    kind.apply(spec_for(kind, FRESH), namespace)
+    wait_for(lambda: serving(kind, namespace, (FRESH,)), f"{FRESH} Available", 300, every=2)
+    fresh_available_seconds = round(time.monotonic() - started, 1)
     started = time.monotonic()
     helm(
         "upgrade",
@@ -540,6 +547,7 @@ def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
             "container_restarts": restarts,
             "load": loads,
             "purge_seconds": round(purge_seconds, 1),
+            "fresh_available_seconds": fresh_available_seconds,
         },
     )
     assert sorted(kept) == sorted(
