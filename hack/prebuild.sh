@@ -7,8 +7,11 @@
 # twice. On a warm machine each is a lookup (seconds). Best effort: a failure is logged and the
 # tier that needs the build runs it again, in the foreground, where its failure counts.
 #
-# Niced (CPU and I/O): the builds take what the tiers leave idle (the cluster tier and kind wait
-# on pods much of the time), so they slow no timed test. Order: what the earliest tiers need first.
+# Niced: the builds take the CPU the tiers leave idle (the cluster tier and kind wait on pods much
+# of the time). The I/O class is idle too, but the mq-deadline scheduler ignores it: the image
+# builds (gigabytes written) slow whatever reads the disk beside them, so they go while the
+# cluster tier runs, before the engine and CPU P/D tiers load vLLM. Order: what the earliest
+# tiers need first; KEDA (the longest cold build, CPU only) last, for the last tier.
 #
 #   hack/prebuild.sh    progress and a per-build time on stdout
 set -uo pipefail
@@ -27,8 +30,8 @@ build() { # name command...
 
 build cluster-bins hack/build-cluster-bins.sh
 build helm hack/helm/build.sh
-build keda hack/keda/build.sh
 build images python3 tests/support/build_images.py build base-python operator router engine
 build kind-bins hack/kind/build-bins.sh
 build network-policies hack/kind/build-network-policies.sh
 build kind-node-image hack/kind/build-node-image.sh
+build keda hack/keda/build.sh

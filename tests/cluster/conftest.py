@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.cluster)
-    # The KEDA test last: under `make test-cluster` it builds KEDA (or waits for the background
+    # The KEDA test last when the whole directory runs: it builds KEDA (or waits for the background
     # build of `make test`), which on a cold machine takes longer than the rest of the tier.
     items.sort(key=lambda item: Path(str(item.path)).name == "test_keda.py")
 
