@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,17 @@ def wait_for(
             detail = f" (last error: {last_error})" if last_error else ""
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
         time.sleep(interval)
+
+
+def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    """The cluster's own kubectl (the local control plane's build, else PATH's), unchecked."""
+    binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
+    return subprocess.run(
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def kubeconfig_server(kubeconfig: Path) -> str:

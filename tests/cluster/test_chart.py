@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 import warnings
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from typing import Any
 import pytest
 from builders import pdd
 from chart import ALLOW_DELETE, CHART, KEEP, HelmError, helm_binary, run_helm
-from cluster.kubehelpers import Cluster, install_crd, wait_for
+from cluster.kubehelpers import Cluster, install_crd, kubectl, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from operator_harness import create_pdd, get_pdd
@@ -100,16 +99,6 @@ def restore_session_crds(h: Helm) -> None:
         "a CRD delete admitted once the guard is gone",
         30,
         0.5,
-    )
-
-
-def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
-    return subprocess.run(
-        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
 
 

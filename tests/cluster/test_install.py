@@ -14,7 +14,7 @@ import pdmtp
 import pytest
 import yaml
 from builders import pdd
-from cluster.kubehelpers import Cluster, wait_for
+from cluster.kubehelpers import Cluster, kubectl, wait_for
 from kubernetes import client, config
 from operator_harness import OperatorProcess, create_pdd, get_pdd, patch_spec, settled
 from pdmtp.core.revision import compat_revision
@@ -22,16 +22,6 @@ from pdmtp.core.revision import compat_revision
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS, ACCOUNT = "pdmtp-system", "pdmtp-operator"
 CRD, GUARD = "pddeployments.pdmtp.io", "pdmtp-crd-deletion-guard"
-
-
-def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
-    return subprocess.run(
-        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

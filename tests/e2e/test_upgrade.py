@@ -110,12 +110,7 @@ def spec_for(kind: Kind, name: str) -> dict[str, Any]:
 # ---- installs ------------------------------------------------------------------------------------
 
 
-def install_kustomize(kind: Kind, overlay: Path) -> None:
-    """What hack/kind-e2e.sh's install_pdmtp does (deploy/kustomization.yaml's install)."""
-    kind.kubectl("apply", "--server-side", "-k", str(overlay), timeout=180)
-    kind.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRDS[0]}", "--timeout=60s", timeout=90
-    )
+def operator_rolled_out(kind: Kind) -> None:
     kind.kubectl(
         "-n",
         OPERATOR_NAMESPACE,
@@ -125,6 +120,15 @@ def install_kustomize(kind: Kind, overlay: Path) -> None:
         "--timeout=180s",
         timeout=210,
     )
+
+
+def install_kustomize(kind: Kind, overlay: Path) -> None:
+    """What hack/kind-e2e.sh's install_pdmtp does (deploy/kustomization.yaml's install)."""
+    kind.kubectl("apply", "--server-side", "-k", str(overlay), timeout=180)
+    kind.kubectl(
+        "wait", "--for=condition=Established", f"crd/{CRDS[0]}", "--timeout=60s", timeout=90
+    )
+    operator_rolled_out(kind)
 
 
 def image_values(image: str) -> list[str]:
@@ -461,15 +465,7 @@ def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
         "--create-namespace",
         *image_values(upgrade.image),
     )
-    kind.kubectl(
-        "-n",
-        OPERATOR_NAMESPACE,
-        "rollout",
-        "status",
-        "deploy/pdmtp-operator",
-        "--timeout=180s",
-        timeout=210,
-    )
+    operator_rolled_out(kind)
     installed_seconds = round(time.monotonic() - started, 1)
     run = serve_under_load(kind, namespace, upgrade.image)
     state["helm"] = run
@@ -509,15 +505,7 @@ def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
 
     # Installed again (it takes over the CRDs it left), then purged.
     helm("install", RELEASE, chart, "-n", OPERATOR_NAMESPACE, *image_values(kind.images.operator))
-    kind.kubectl(
-        "-n",
-        OPERATOR_NAMESPACE,
-        "rollout",
-        "status",
-        "deploy/pdmtp-operator",
-        "--timeout=180s",
-        timeout=210,
-    )
+    operator_rolled_out(kind)
     assert serving(kind, namespace)
     # This tree's chart, installed by helm, serves a PDDeployment it has never seen.
     started = time.monotonic()
