@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pdmtp import __version__
+from pdmtp import __version__, yamlread
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.crd import crd_yaml
@@ -39,7 +39,8 @@ class UnusableInput(Exception):
 
 
 def load_documents(path: str) -> list[Any]:
-    """The YAML documents of a file ('-' is standard input)."""
+    """The objects of a file ('-' is standard input) as kubectl would send them
+    (pdmtp.yamlread: the same YAML and JSON reading, a `List`'s items one by one)."""
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
@@ -51,12 +52,10 @@ def load_documents(path: str) -> list[Any]:
     if "\x00" in text:
         raise UnusableInput(f"{path}: contains NUL bytes: not a YAML file")
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise UnusableInput(f"{path}: not valid YAML{where}: {problem}") from e
+        docs = yamlread.read_stream(text)
+    except yamlread.ReadError as e:
+        where = "" if e.line is None else f" at line {e.line}"
+        raise UnusableInput(f"{path}: not valid YAML{where}: {e.message}") from e
     if not docs:
         raise UnusableInput(f"{path}: no YAML document in the file")
     return docs
@@ -65,7 +64,10 @@ def load_documents(path: str) -> list[Any]:
 def parse(doc: Any, source: str) -> PDDeployment:
     """A PDDeployment from one YAML document, or UnusableInput naming every bad field."""
     if not isinstance(doc, dict):
-        raise UnusableInput(f"{source}: expected a PDDeployment object, got {type(doc).__name__}")
+        raise UnusableInput(f"{source}: expected a PDDeployment object, got {_json_type(doc)}")
+    not_json = yamlread.json_problems(doc)
+    if not_json:
+        raise UnusableInput(f"{source}: {'; '.join(not_json)}")
     if doc.get("kind") != "PDDeployment" or doc.get("apiVersion") != "pdmtp.io/v1alpha1":
         raise UnusableInput(
             f"{source}: expected apiVersion pdmtp.io/v1alpha1 and kind PDDeployment, got "
@@ -75,6 +77,18 @@ def parse(doc: Any, source: str) -> PDDeployment:
         return PDDeployment.model_validate(doc)
     except ValidationError as e:
         raise UnusableInput(f"{source}: {'; '.join(field_problems(e))}") from e
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return type(value).__name__
 
 
 def load_one(path: str) -> PDDeployment:

@@ -118,7 +118,7 @@ Problem = tuple[str, str]
 
 
 def _show(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))[:80]
+    return json.dumps(value, separators=(",", ":"), default=repr)[:80]
 
 
 def _type_ok(value: Any, kind: str) -> bool:
@@ -194,7 +194,7 @@ def _duplicates(value: list[Any], node: JsonSchema, path: str) -> list[Problem]:
             key, shown = item, _show(item)
         else:
             return []
-        canonical = json.dumps(key, sort_keys=True)
+        canonical = json.dumps(key, sort_keys=True, default=repr)
         if canonical in seen:
             out.append((f"{path}[{i}]", f"Duplicate value: {shown}"))
         seen.add(canonical)

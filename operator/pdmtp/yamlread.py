@@ -1,0 +1,818 @@
+"""Read a manifest file as kubectl reads it, so `pdmtp validate` judges the object the API server
+would be sent.
+
+kubectl (k8s.io/apimachinery's YAMLOrJSONDecoder) reads a file in three steps, each mirrored
+here:
+
+1. A stream whose first non-space character is `{` is JSON (one or more values); anything else
+   is YAML, cut into documents at every line that starts with `---` (only spaces or a comment may
+   follow it), lexically, before any YAML parsing. Each piece is parsed on its own, and only its
+   first YAML document counts (a `...` ends it; anything after is ignored).
+2. sigs.k8s.io/yaml reads each piece with its fork of go-yaml v2 into untyped values and turns
+   them into JSON: go-yaml v2's scalar resolution (booleans yes/no/on/off/y/n, integers in Go's
+   base-prefixed syntax with `_` dropped, floats such as `1e3`, `.5`; timestamps stay strings;
+   `1:30` is a string; `!!binary` is decoded), merge keys, aliases, duplicate keys refused; map
+   keys become strings; NaN and infinities cannot be JSON.
+3. kubectl decodes that JSON into an unstructured object: a number written without `.`/`e` that
+   fits int64 is an integer, any other number a float64, and sends it on. Go writes an integral
+   float below 1e21 with no `.`, so `2.0` reaches the API server as the integer 2.
+
+The result holds only JSON values: dict (str keys), list, str, int (int64), float (finite),
+bool, None. Every refusal is a `ReadError` whose message follows kubectl's words where kubectl
+has words for it (duplicate keys, separators, conversions). Pure: no I/O, no cluster.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from yaml.events import (
+    AliasEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+UINT64_MAX = 2**64 - 1
+
+STR = "tag:yaml.org,2002:str"
+INT = "tag:yaml.org,2002:int"
+FLOAT = "tag:yaml.org,2002:float"
+BOOL = "tag:yaml.org,2002:bool"
+NULL = "tag:yaml.org,2002:null"
+TIMESTAMP = "tag:yaml.org,2002:timestamp"
+BINARY = "tag:yaml.org,2002:binary"
+MERGE = "tag:yaml.org,2002:merge"
+RESOLVABLE = frozenset({"", STR, BOOL, INT, FLOAT, NULL, TIMESTAMP})
+
+MAX_DEPTH = 200
+"""Nesting this deep is refused here (go-yaml allows 10,000 levels; Python's stack does not).
+No field of a PDDeployment nests a tenth as deep, so the API server refuses such a file too, in
+other words (unknown or mistyped fields)."""
+JSON_PREFIX_WINDOW = 4096
+"""kubectl guesses JSON from the first bytes it buffers."""
+
+
+class ReadError(ValueError):
+    """The file is not something kubectl would send; the message says why, in kubectl's words
+    where it has them; `line` (1-based, in the file once raised by read_stream) where known."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
+    def __str__(self) -> str:
+        return self.message if self.line is None else f"line {self.line}: {self.message}"
+
+
+# ---- step 2: go-yaml v2's scalars ----------------------------------------------------------------
+
+_BOOLS = {
+    **dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True),
+    **dict.fromkeys(("true", "True", "TRUE"), True),
+    **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False),
+    **dict.fromkeys(("false", "False", "FALSE"), False),
+}
+_NULLS = frozenset(("", "~", "null", "Null", "NULL"))
+_SPECIAL_FLOATS = {
+    **dict.fromkeys((".nan", ".NaN", ".NAN"), math.nan),
+    **dict.fromkeys((".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF"), math.inf),
+    **dict.fromkeys(("-.inf", "-.Inf", "-.INF"), -math.inf),
+}
+_YAML_STYLE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?\Z")
+# Go's ParseFloat syntax for a decimal (hex floats never reach it here: see _go_parse_float).
+_GO_DECIMAL_FLOAT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\Z")
+_TIMESTAMP_FORMATS = (
+    # Go's layouts 2006-1-2T15:4:5.999999999Z07:00 (also with t), "2006-1-2 15:4:5.999999999",
+    # 2006-1-2: one- or two-digit month, day, hour, minute, second.
+    re.compile(
+        r"\d{4}-\d{1,2}-\d{1,2}[Tt]\d{1,2}:\d{1,2}:\d{1,2}(\.\d{1,9})?(Z|[-+]\d{2}:\d{2})\Z"
+    ),
+    re.compile(r"\d{4}-\d{1,2}-\d{1,2} \d{1,2}:\d{1,2}:\d{1,2}(\.\d{1,9})?\Z"),
+    re.compile(r"\d{4}-\d{1,2}-\d{1,2}\Z"),
+)
+
+
+def _hint(value: str) -> str:
+    """go-yaml v2's resolveTable: what the first character suggests."""
+    if value == "":
+        return "N"
+    c = value[0]
+    if c in "+-":
+        return "S"
+    if c.isascii() and c.isdigit():
+        return "D"
+    if c in "yYnNtTfFoO~":
+        return "M"
+    if c == ".":
+        return "."
+    return ""
+
+
+def _go_parse_int(text: str, unsigned: bool) -> int | None:
+    """Go's strconv.ParseInt(text, 0, 64) / ParseUint(text, 0, 64): None where Go errs."""
+    s, sign = text, 1
+    if not unsigned and s[:1] in ("+", "-"):
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    base = 10
+    lower = s[:2].lower()
+    if lower in ("0x", "0o", "0b"):
+        base = {"0x": 16, "0o": 8, "0b": 2}[lower]
+        s = s[2:]
+    elif len(s) > 1 and s[0] == "0":
+        base, s = 8, s[1:]
+    digits = "0123456789abcdef"[:base]
+    if not s or any(ch not in digits for ch in s.lower()):
+        return None
+    n = sign * int(s, base)
+    if unsigned:
+        return n if n <= UINT64_MAX else None
+    return n if INT64_MIN <= n <= INT64_MAX else None
+
+
+def _go_parse_float(text: str) -> float | None:
+    """Go's strconv.ParseFloat(text, 64) for the decimal forms go-yaml hands it: None where Go
+    errs, overflow (±Inf with ErrRange) included."""
+    if not _GO_DECIMAL_FLOAT.match(text):
+        return None
+    value = float(text)
+    return None if math.isinf(value) else value
+
+
+def _decode_error(rtag: str, value: str, tag: str) -> ReadError:
+    return ReadError(f"yaml: cannot decode {_short(rtag)} `{value}` as a {_short(tag)}")
+
+
+def _short(tag: str) -> str:
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org") else tag
+
+
+def resolve(tag: str, value: str) -> tuple[str, Any]:
+    """go-yaml v2's resolve(): (resolved tag, value) of a scalar, `tag` "" when untagged."""
+    if tag not in RESOLVABLE:
+        return tag, value
+    rtag, out = _resolve(tag, value)
+    if tag in ("", rtag, STR, BINARY):
+        return rtag, out
+    if tag == FLOAT and rtag == INT:
+        return FLOAT, float(out)
+    raise _decode_error(rtag, value, tag)
+
+
+def _resolve(tag: str, value: str) -> tuple[str, Any]:
+    hint = _hint(value)
+    if not hint or tag in (STR, BINARY):
+        return STR, value
+    if value in _BOOLS:
+        return BOOL, _BOOLS[value]
+    if value in _NULLS:
+        return NULL, None
+    if value in _SPECIAL_FLOATS:
+        return FLOAT, _SPECIAL_FLOATS[value]
+    if value == "<<":
+        return MERGE, value
+    if hint == ".":
+        f = _go_parse_float(value)
+        if f is not None:
+            return FLOAT, f
+    elif hint in "DS":
+        stamp = tag in ("", TIMESTAMP) and any(p.match(value) for p in _TIMESTAMP_FORMATS)
+        if stamp and _valid_date(value):
+            return TIMESTAMP, value  # into interface{}: the text, as written
+        plain = value.replace("_", "")
+        for unsigned in (False, True):
+            n = _go_parse_int(plain, unsigned) if plain else None
+            if n is not None:
+                return INT, _Uint(n) if n > INT64_MAX else n
+        if _YAML_STYLE_FLOAT.match(plain):
+            f = _go_parse_float(plain)
+            if f is not None:
+                return FLOAT, f
+    return STR, value
+
+
+_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _valid_date(value: str) -> bool:
+    """Go's time.Parse also checks the fields' ranges (month 1-12, day within the month, ...)."""
+    parts = re.split(r"[-Tt :.Z+]", value)
+    year, month, day = (int(p) for p in parts[:3])
+    if not 1 <= month <= 12:
+        return False
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    if not 1 <= day <= (_DAYS[month - 1] if month != 2 or leap else 28):
+        return False
+    if len(parts) >= 6:
+        hour, minute, second = (int(p) for p in parts[3:6])
+        if hour > 23 or minute > 59 or second > 59:
+            return False
+    zone = re.search(r"[-+](\d{2}):(\d{2})\Z", value)
+    return not (zone and (int(zone.group(1)) > 23 or int(zone.group(2)) > 59))
+
+
+def go_string(data: bytes) -> str:
+    """Bytes as Go's encoding/json writes a string: each byte of an invalid UTF-8 sequence
+    becomes U+FFFD."""
+    out: list[str] = []
+    i = 0
+    while i < len(data):
+        lead = data[i]
+        width = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4
+        if lead >> 3 == 0x1F or 0x80 <= lead < 0xC0:
+            width = 0
+        if width:
+            try:
+                out.append(data[i : i + width].decode("utf-8"))
+                i += width
+                continue
+            except UnicodeDecodeError:
+                pass
+        out.append("\ufffd")
+        i += 1
+    return "".join(out)
+
+
+# ---- step 2: go-yaml v2's tree and decoder -----------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Node:
+    kind: str  # scalar | sequence | mapping | alias
+    line: int  # 0-based, within the piece
+    tag: str = ""
+    value: str = ""
+    implicit: bool = False
+    children: list[_Node] = field(default_factory=list)
+    target: _Node | None = None  # an alias's anchored node
+    anchor: str = ""
+
+
+class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+    """PyYAML's reader, scanner and parser (libyaml's design, as go-yaml's is): events only."""
+
+    def __init__(self, text: str) -> None:
+        yaml.reader.Reader.__init__(self, text)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+
+    def next(self) -> Any:
+        return self.get_event()  # type: ignore[no-untyped-call]
+
+
+def _first_document(text: str) -> _Node | None:
+    """The first document of `text` as go-yaml v2's parser builds it (anchors may be redefined,
+    a later definition wins); None for an empty stream."""
+    p = _Parser(text)
+    p.next()  # stream start
+    if p.check_event(StreamEndEvent):
+        return None
+    p.next()  # document start
+    anchors: dict[str, _Node] = {}
+    depth = 0
+
+    def compose() -> _Node:
+        nonlocal depth
+        event = p.next()
+        line = event.start_mark.line
+        if isinstance(event, AliasEvent):
+            if event.anchor not in anchors:
+                raise ReadError(f"yaml: unknown anchor '{event.anchor}' referenced")
+            return _Node("alias", line, value=event.anchor, target=anchors[event.anchor])
+        if isinstance(event, ScalarEvent):
+            tag = event.tag or ""
+            plain = event.implicit[0] or tag == "!"
+            node = _Node("scalar", line, tag=tag, value=event.value, implicit=plain)
+        elif isinstance(event, SequenceStartEvent):
+            node = _Node("sequence", line, tag=event.tag or "")
+        else:
+            assert isinstance(event, MappingStartEvent)
+            node = _Node("mapping", line, tag=event.tag or "")
+        if event.anchor is not None:
+            node.anchor = event.anchor
+            anchors[event.anchor] = node
+        end = SequenceEndEvent if node.kind == "sequence" else MappingEndEvent
+        if node.kind != "scalar":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ReadError(f"nesting deeper than {MAX_DEPTH} levels", line + 1)
+            while not p.check_event(end):
+                node.children.append(compose())
+            p.next()
+            depth -= 1
+        return node
+
+    return compose()
+
+
+def _allowed_alias_ratio(decodes: int) -> float:
+    if decodes <= 400_000:
+        return 0.99
+    if decodes >= 4_000_000:
+        return 0.10
+    return 0.99 - 0.89 * (decodes - 400_000) / 3_600_000
+
+
+class _Decoder:
+    """go-yaml v2's decoder into interface{}, strict about duplicate keys as kubectl is."""
+
+    def __init__(self) -> None:
+        self.decodes = 0
+        self.aliases = 0
+        self.active: set[int] = set()  # aliased nodes being decoded (self-containment)
+        self.errors: list[str] = []
+
+    def count(self) -> None:
+        """go-yaml v2's guard: nodes decoded inside an alias against all nodes decoded."""
+        self.decodes += 1
+        if self.active:
+            self.aliases += 1
+        if (
+            self.aliases > 100
+            and self.decodes > 1000
+            and self.aliases / self.decodes > _allowed_alias_ratio(self.decodes)
+        ):
+            raise ReadError("yaml: document contains excessive aliasing")
+
+    def enter(self, n: _Node) -> _Node:
+        """The anchored node of alias `n`, marked as being decoded (call leave after)."""
+        assert n.target is not None
+        if id(n.target) in self.active:
+            raise ReadError(f"yaml: anchor '{n.value}' value contains itself")
+        self.active.add(id(n.target))
+        return n.target
+
+    def leave(self, n: _Node) -> None:
+        self.active.discard(id(n.target))
+
+    def value(self, n: _Node) -> Any:
+        self.count()
+        if n.kind == "alias":
+            target = self.enter(n)
+            try:
+                return self.value(target)
+            finally:
+                self.leave(n)
+        if n.kind == "scalar":
+            return self.scalar(n)
+        if n.kind == "sequence":
+            return [self.value(c) for c in n.children]
+        out: dict[Any, Any] = {}
+        self.mapping(n, out)
+        return out
+
+    def scalar(self, n: _Node) -> Any:
+        if n.tag == "" and not n.implicit:
+            return n.value
+        tag, resolved = resolve(n.tag, n.value)
+        if tag == BINARY:
+            try:
+                data = base64.b64decode(n.value.replace("\n", "").replace("\r", ""), validate=True)
+            except (binascii.Error, ValueError):
+                raise ReadError("yaml: !!binary value contains invalid base64 data") from None
+            return _Bytes(data)
+        if tag == MERGE:
+            return n.value
+        return resolved
+
+    def mapping(self, n: _Node, out: dict[Any, Any]) -> None:
+        kids = n.children
+        for i in range(0, len(kids), 2):
+            key_node, value_node = kids[i], kids[i + 1]
+            if _is_merge(key_node):
+                self.merge(value_node, out)
+                continue
+            key = self.value(key_node)
+            if isinstance(key, dict | list):
+                raise ReadError(f"yaml: invalid map key: {_go_repr(key)}")
+            value = self.value(value_node)
+            marker = _key_marker(key)
+            if marker in out:
+                self.errors.append(
+                    f"line {value_node.line + 1}: key {_go_repr(key)} already set in map"
+                )
+                continue
+            out[marker] = value
+
+    def merge(self, n: _Node, out: dict[Any, Any]) -> None:
+        want_map = ReadError("yaml: map merge requires map or sequence of maps as the value")
+        if n.kind == "mapping" or (n.kind == "alias" and n.target and n.target.kind == "mapping"):
+            self._merge_one(n, out)
+        elif n.kind == "sequence":
+            for child in reversed(n.children):  # earlier maps take precedence
+                target = child.target if child.kind == "alias" else child
+                if target is None or target.kind != "mapping":
+                    raise want_map
+                self._merge_one(child, out)
+        else:
+            raise want_map
+
+    def _merge_one(self, n: _Node, out: dict[Any, Any]) -> None:
+        self.count()
+        if n.kind != "alias":
+            self.mapping(n, out)
+            return
+        target = self.enter(n)
+        try:
+            self.count()
+            self.mapping(target, out)
+        finally:
+            self.leave(n)
+
+
+def _is_merge(n: _Node) -> bool:
+    return n.kind == "scalar" and n.value == "<<" and (n.implicit or n.tag == MERGE)
+
+
+class _Bytes(bytes):
+    """A !!binary scalar, decoded (a Go string of these bytes)."""
+
+
+class _Uint(int):
+    """An integer go-yaml v2 holds as uint64 (above int64): no map key can be one."""
+
+
+class _Key:
+    """A map key that is not a string, kept apart from the string of the same text until the
+    keys are converted (go-yaml v2 holds 1 and "1" as two keys)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _Key)
+            and type(other.value) is type(self.value)
+            and other.value == self.value
+        )
+
+
+def _key_marker(key: Any) -> Any:
+    if isinstance(key, _Bytes):  # a Go string like any other
+        try:
+            return key.decode("utf-8")
+        except UnicodeDecodeError:
+            return _Key(key)
+    return key if type(key) is str else _Key(key)
+
+
+def _go_repr(value: Any) -> str:
+    """fmt's %#v of a decoded key, as go-yaml v2's messages show it."""
+    if isinstance(value, _Key):
+        return _go_repr(value.value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if value is None:
+        return "interface {}(nil)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _go_float(value, exp_at=21)
+    if isinstance(value, dict):
+        return "map[interface {}]interface {}{...}"
+    if isinstance(value, list):
+        return "[]interface {}{...}"
+    return str(value)
+
+
+# ---- step 2: sigs.k8s.io/yaml's JSON, step 3: kubectl's unstructured object ----------------------
+
+
+def _float32(value: float) -> float:
+    """Go's float32(value): rounded to single precision, ±Inf beyond its range."""
+    try:
+        rounded: float = struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    return rounded
+
+
+def _shortest_digits(value: float, bits: int) -> tuple[str, int]:
+    """The shortest decimal digits that read back as `value` at this precision, and the decimal
+    exponent of the first digit (Go's shortest formatting)."""
+    for precision in range(1, 18):
+        text = f"{value:.{precision - 1}e}"
+        back = float(text)
+        if (_float32(back) if bits == 32 else back) == value:
+            mantissa, exponent = text.split("e")
+            return mantissa.replace(".", "").lstrip("-"), int(exponent)
+    raise AssertionError(value)
+
+
+def _go_float(value: float, bits: int = 64, exp_at: int = 6) -> str:
+    """Go's shortest formatting of a float: strconv.FormatFloat(value, 'g', -1, bits) with
+    exp_at 6, fmt's %v with exp_at 21."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if bits == 32:
+        value = _float32(value)
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return sign + "0"
+    digits, exp = _shortest_digits(abs(value), bits)
+    if exp < -4 or exp >= exp_at:
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+    if exp < 0:
+        return f"{sign}0.{'0' * (-exp - 1)}{digits}"
+    whole = digits[: exp + 1].ljust(exp + 1, "0")
+    frac = digits[exp + 1 :]
+    return sign + whole + ("." + frac if frac else "")
+
+
+def _json_key(key: Any) -> str:
+    """sigs.k8s.io/yaml's map key conversion."""
+    if type(key) is str:
+        return key
+    value = key.value if isinstance(key, _Key) else key
+    if isinstance(value, _Bytes):
+        return go_string(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int) and not isinstance(value, _Uint):
+        return str(value)
+    if isinstance(value, float):
+        text = _go_float(value, bits=32)
+        return {"+Inf": ".inf", "-Inf": "-.inf", "NaN": ".nan"}.get(text, text)
+    kind = "uint64" if isinstance(value, _Uint) else "%!s(<nil>)"
+    raise ReadError(f"error converting YAML to JSON: unsupported map key of type: {kind}")
+
+
+def _number(value: int | float) -> int | float:
+    """A number as kubectl's unstructured object holds it after the JSON round trip: what Go
+    writes without `.` or `e` and fits int64 is an int, anything else a float64."""
+    if isinstance(value, int):
+        return value if INT64_MIN <= value <= INT64_MAX else float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ReadError(
+            f"error converting YAML to JSON: json: unsupported value: {_go_float(value)}"
+        )
+    if value.is_integer() and abs(value) < 1e21 and INT64_MIN <= value <= INT64_MAX:
+        return int(value)
+    return value
+
+
+def to_json_value(value: Any) -> Any:
+    """A decoded YAML value as kubectl sends it (see the module docstring, steps 2-3)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            # Keys that read apart in YAML may write alike (1 and "1"): Go keeps one of them.
+            out[_json_key(key)] = to_json_value(item)
+        return out
+    if isinstance(value, list):
+        return [to_json_value(item) for item in value]
+    if isinstance(value, _Bytes):
+        return go_string(value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        return _number(value)
+    raise AssertionError(f"not a decoded YAML value: {type(value).__name__}")
+
+
+# ---- step 1: the stream -------------------------------------------------------------------------
+
+
+def _go_lines(text: str) -> list[str]:
+    """bufio.Reader.ReadLine as kubectl's LineReader uses it: split at "\n" only, a "\r" before
+    it dropped, every line given back with "\n"."""
+    parts = text.split("\n")
+    if parts[-1] == "":
+        parts.pop()  # the text ended with a newline
+        return [p.removesuffix("\r") + "\n" for p in parts]
+    return [p.removesuffix("\r") + "\n" for p in parts[:-1]] + [parts[-1] + "\n"]
+
+
+def split_documents(text: str) -> list[tuple[int, str]]:
+    """kubectl's YAMLReader: (first line number, text) of each piece between `---` lines."""
+    pieces: list[tuple[int, str]] = []
+    buffer: list[str] = []
+    start = 1
+    for number, line in enumerate(_go_lines(text), 1):
+        if line.startswith("---"):
+            rest = line[3:].strip(" \t\n\r\v\f\x85\xa0")
+            if rest and not rest.startswith("#"):
+                raise ReadError(f"invalid Yaml document separator: {rest}", number)
+            if buffer:
+                pieces.append((start, "".join(buffer)))
+                buffer = []
+            continue
+        if not buffer:
+            start = number
+        buffer.append(line)
+    if buffer:
+        pieces.append((start, "".join(buffer)))
+    return pieces
+
+
+def read_yaml_piece(text: str) -> Any:
+    """One piece of a YAML stream as kubectl's JSON value (None for an empty piece)."""
+    try:
+        root = _first_document(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ReadError(f"yaml: {e.problem}", line) from None
+    except yaml.YAMLError as e:
+        raise ReadError(f"yaml: {e}") from None
+    if root is None:
+        return None
+    decoder = _Decoder()
+    try:
+        value = decoder.value(root)
+    except RecursionError:
+        raise ReadError("error converting YAML to JSON: yaml: nesting too deep") from None
+    except ReadError as e:
+        raise ReadError(f"error converting YAML to JSON: {e.message}", e.line) from None
+    if decoder.errors:
+        raise ReadError(
+            "error converting YAML to JSON: yaml: unmarshal errors:\n  "
+            + "\n  ".join(decoder.errors)
+        )
+    try:
+        return to_json_value(value)
+    except RecursionError:
+        raise ReadError("error converting YAML to JSON: nesting too deep") from None
+
+
+def _json_number(text: str) -> int | float:
+    if not any(c in text for c in ".eE"):
+        n = int(text)
+        if INT64_MIN <= n <= INT64_MAX:
+            return n
+    value = float(text)
+    if math.isinf(value):
+        raise ReadError(f"json: cannot unmarshal number {text} into Go value of type float64")
+    return _number(value)
+
+
+def _json_constant(name: str) -> Any:
+    raise ReadError(f"invalid character '{name[0]}' looking for beginning of value")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _json_strings(value: Any) -> Any:
+    """Go's JSON decoder reads a lone surrogate escape as U+FFFD."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_json_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_json_strings(k): _json_strings(v) for k, v in value.items()}
+    return value
+
+
+def _read_json_then_yaml(text: str) -> list[Any]:
+    """kubectl's JSON path: JSON values one after another; where one does not parse and at most
+    one did before, the rest (from the end of the last one, the spaces up to the first newline
+    skipped) is read as YAML, and if that fails too the JSON error is the one reported."""
+    decoder = json.JSONDecoder(
+        parse_int=_json_number, parse_float=_json_number, parse_constant=_json_constant
+    )
+    values: list[Any] = []
+    consumed = 0
+    while True:
+        i = consumed
+        while i < len(text) and text[i] in _JSON_SPACE:
+            i += 1
+        if i == len(text):
+            return values
+        try:
+            value, consumed = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            error = ReadError(f"json: {e.msg}", e.lineno)
+            if len(values) > 1:
+                raise error from None
+            break
+        except RecursionError:
+            raise ReadError(f"nesting deeper than {MAX_DEPTH} levels") from None
+        if _depth(value) > MAX_DEPTH:
+            raise ReadError(f"nesting deeper than {MAX_DEPTH} levels")
+        values.append(_json_strings(value))
+    rest = consumed
+    while rest < len(text) and text[rest].isspace():
+        rest += 1
+        if text[rest - 1] == "\n":
+            break
+    try:
+        more = _read_yaml(text[rest:], first_line=text[:rest].count("\n") + 1)
+    except ReadError:
+        raise error from None
+    return values + more
+
+
+_JSON_SPACE = " \t\r\n"
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, level + 1)
+            stack.extend(
+                (v, level + 1) for v in (node.values() if isinstance(node, dict) else node)
+            )
+    return deepest
+
+
+def _read_yaml(text: str, first_line: int = 1) -> list[Any]:
+    values = []
+    for start, piece in split_documents(text):
+        try:
+            values.append(read_yaml_piece(piece))
+        except ReadError as e:
+            line = start if e.line is None else start + e.line - 1
+            raise ReadError(e.message, line + first_line - 1) from None
+    return values
+
+
+def looks_like_json(text: str) -> bool:
+    return text[:JSON_PREFIX_WINDOW].lstrip().startswith("{")
+
+
+def read_stream(text: str) -> list[Any]:
+    """Every object kubectl would send for this file's text, in order; empty and null documents
+    are skipped, as kubectl skips them. Raises ReadError."""
+    values = _read_json_then_yaml(text) if looks_like_json(text) else _read_yaml(text)
+    return [item for v in values if v is not None for item in _flatten(v)]
+
+
+def _flatten(value: Any) -> list[Any]:
+    """kubectl's unstructured decoding takes any object with `items` for a list, and sends each
+    item (given the list's apiVersion and kind less `List` when it names neither)."""
+    if not isinstance(value, dict) or value.get("items") is None:
+        return [value]
+    items = value["items"]
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ReadError("json: cannot unmarshal items into Go value of type []map[string]any")
+    out = []
+    for item in items:
+        if "kind" not in item and "apiVersion" not in item:
+            kind = value.get("kind")
+            item = {
+                **item,
+                "kind": kind.removesuffix("List") if isinstance(kind, str) else kind,
+                "apiVersion": value.get("apiVersion"),
+            }
+        out.append(item)
+    return out
+
+
+# ---- JSON shape ----------------------------------------------------------------------------------
+
+
+def json_problems(value: Any, path: str = "") -> list[str]:
+    """Where `value` holds something that is not a JSON value (a date, bytes, a tuple, NaN, a
+    non-string key): one line per place, naming the field. Empty when it is all JSON."""
+    where = path or "(document)"
+    if value is None or isinstance(value, bool | str):
+        return []
+    if isinstance(value, int):
+        if INT64_MIN <= value <= INT64_MAX:
+            return []
+        return [f"{where}: integer {value} is out of the int64 range"]
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [f"{where}: {value} is not a JSON number"]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in json_problems(item, f"{path}[{i}]")]
+    if isinstance(value, dict):
+        out: list[str] = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                out.append(f"{where}: key {key!r} is a {type(key).__name__}, not a string")
+                continue
+            out += json_problems(item, f"{path}.{key}" if path else key)
+        return out
+    return [f"{where}: a {type(value).__name__} is not a JSON value"]
+
+
+def to_json_bytes(value: Any) -> bytes:
+    """The bytes sent to the API server for a value read here."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()

@@ -1,0 +1,185 @@
+"""pdmtp.yamlread reads every file of the YAML corpus (tests/cluster/yaml_corpus.py) into exactly
+what kubectl sends for it, types included (2 and 2.0 are not the same JSON to a schema), and
+`pdmtp validate` judges that object."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from builders import pdd
+from cluster.yaml_corpus import CASES, Case, Refused, table
+from pdmtp import yamlread
+from pdmtp.cli import main
+from pdmtp.yamlread import ReadError, read_stream
+
+
+def typed(value: Any) -> Any:
+    """A value with its JSON type made part of it: 2 and 2.0, 1 and True differ."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_reads_what_kubectl_sends(case: Case) -> None:
+    if isinstance(case.sends, Refused):
+        with pytest.raises(ReadError) as refused:
+            read_stream(case.text)
+        assert case.sends.words in refused.value.message
+    else:
+        assert typed(read_stream(case.text)) == typed(case.sends)
+
+
+def test_the_corpus_covers_the_issues_forms() -> None:
+    shown = " ".join(c.shown + c.text for c in CASES)
+    for form in ("1:30", "5e-2", "1e3", ".5", "2001-12-14", "0777", "0o17", "0x1F", "0b101"):
+        assert form in shown, form
+    for form in ("1_000", "yes", "Off", "True", "NULL", "~", ".inf", ".nan", "!!binary", "!!str"):
+        assert form in shown, form
+    for form in ("&x", "*x", "<<", "...", "---", '{"apiVersion"', "9223372036854775808"):
+        assert form in shown, form
+
+
+def test_the_table_lists_every_case_and_agrees() -> None:
+    text = table()
+    assert text.startswith("## YAML read as kubectl reads it")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(CASES)
+
+
+def test_every_value_read_is_json() -> None:
+    for case in CASES:
+        try:
+            docs = read_stream(case.text)
+        except ReadError:
+            continue
+        for doc in docs:
+            assert yamlread.json_problems(doc) == []
+            assert json.loads(yamlread.to_json_bytes(doc)) == doc
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (datetime.date(2024, 1, 1), "spec.model.revision: a date is not a JSON value"),
+        (b"\x00", "spec.model.revision: a bytes is not a JSON value"),
+        (math.nan, "spec.model.revision: nan is not a JSON number"),
+        ({1: "a"}, "spec.model.revision: key 1 is a int, not a string"),
+        (2**64, "out of the int64 range"),
+    ],
+)
+def test_values_that_are_not_json_are_named(value: Any, words: str) -> None:
+    doc = pdd().dict()
+    doc["spec"]["model"]["revision"] = value
+    assert words in "; ".join(yamlread.json_problems(doc))
+
+
+def run(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    path = tmp_path / "pdd.yaml"
+    path.write_text(text)
+    code = main(["validate", str(path)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out + err
+
+
+def spec_yaml(**changes: str) -> str:
+    """A valid spec as YAML with some scalars written by hand (`spec.prefill.replicas: "2.0"`)."""
+    text = yaml.safe_dump(pdd().dict(), sort_keys=False)
+    for dotted, written in changes.items():
+        leaf = dotted.rsplit(".", 1)[-1]
+        lines = text.splitlines()
+        # The leaf under its parent: the first line with that key after the parent's line.
+        parent = dotted.split(".")[-2]
+        at = next(i for i, line in enumerate(lines) if line.strip() == f"{parent}:")
+        hit = next(i for i in range(at, len(lines)) if lines[i].strip().startswith(f"{leaf}:"))
+        indent = lines[hit][: len(lines[hit]) - len(lines[hit].lstrip())]
+        lines[hit] = f"{indent}{leaf}: {written}"
+        text = "\n".join(lines) + "\n"
+    return text
+
+
+@pytest.mark.parametrize(
+    ("written", "code"),
+    [
+        ("2.0", 0),  # kubectl sends 2: the API server takes it
+        ("2e0", 0),
+        ("0x2", 0),
+        ("1_0", 0),
+        ("2.5", 2),
+        ("1:30", 2),  # a string, not 90
+        ("yes", 2),  # a boolean
+        ("9223372036854775808", 2),  # a float beyond int64
+    ],
+)
+def test_validate_judges_what_kubectl_sends(
+    written: str, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    got, out = run(tmp_path, spec_yaml(**{"spec.prefill.replicas": written}), capsys)
+    assert got == code, out
+
+
+def test_a_date_where_a_string_goes_is_a_string(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = spec_yaml(**{"spec.model.name": "2024-01-01"})  # PyYAML: a date, and a crash
+    code, out = run(tmp_path, text, capsys)
+    assert code == 0, out
+
+
+def test_duplicate_keys_are_refused_in_kubectls_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = spec_yaml() + "spec:\n  image: other\n"
+    code, out = run(tmp_path, text, capsys)
+    assert code == 2
+    assert 'key "spec" already set in map' in out
+    assert "at line" in out
+
+
+def test_a_syntax_error_names_the_line_of_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = spec_yaml() + "---\n" + "a: [\n"
+    code, out = run(tmp_path, text, capsys)
+    lines = spec_yaml().count("\n")
+    assert code == 2 and f"not valid YAML at line {lines + 3}" in out, out
+
+
+def test_excessive_aliasing_is_refused_quickly() -> None:
+    laughs = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        prev = chr(ord("a") + i - 1)
+        laughs.append(f"{chr(ord('a') + i)}: &{chr(ord('a') + i)} [{', '.join(['*' + prev] * 10)}]")
+    with pytest.raises(ReadError, match="excessive aliasing"):
+        read_stream("\n".join(laughs) + "\n")
+
+
+def test_an_alias_inside_its_own_anchor_is_refused() -> None:
+    with pytest.raises(ReadError, match="value contains itself"):
+        read_stream("a: &a [*a]\n")
+
+
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
+    with pytest.raises(ReadError, match="nesting deeper than"):
+        read_stream("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ReadError, match="nesting deeper than"):
+        read_stream('{"a": ' + "[" * 5000 + "]" * 5000 + "}")
+    assert read_stream("a: " + "[" * 150 + "]" * 150 + "\n")
+
+
+def test_a_python_value_that_is_not_json_in_a_pod_field_is_a_problem_not_a_crash() -> None:
+    from pdmtp.core.validation import validate
+
+    doc = pdd().dict()
+    doc["spec"]["pod"] = {"affinity": {"nodeAffinity": datetime.date(2024, 1, 1)}}
+    verdict = validate(doc)
+    assert verdict.pdd is None and "spec.pod.affinity" in verdict.message()
