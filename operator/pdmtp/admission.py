@@ -94,6 +94,35 @@ def dry_run(api: client.ApiClient, manifest: Mapping[str, Any]) -> Refusal | Non
     return None
 
 
+def dry_run_object(
+    api: client.ApiClient, body: bytes, kind: str, namespace: str, name: str
+) -> Refusal | None:
+    """Server-side apply these exact bytes (`pdmtp validate --server`: the object the offline
+    verdict judged, as pdmtp.yamlread read it) with dryRun=All and fieldValidation=Strict, as
+    `kubectl apply --dry-run=server --validate=strict` does: None if the server would take it."""
+    try:
+        response = send(
+            api,
+            "PATCH",
+            path(kind, namespace, name),
+            query=[
+                ("fieldManager", FIELD_MANAGER),
+                ("force", "true"),
+                ("dryRun", "All"),
+                ("fieldValidation", "Strict"),
+            ],
+            body=body.decode("utf-8"),
+            content_type="application/apply-patch+yaml",
+            timeout=DRY_RUN_TIMEOUT_SECONDS,
+        )
+        response.read()
+    except ApiError as e:
+        if e.status in REFUSED_STATUSES:
+            return Refusal(kind, name, e.message)
+        raise
+    return None
+
+
 def review(api: client.ApiClient, body: Mapping[str, Any], namespace: str) -> list[Problem]:
     """Every problem of the PDDeployment `body`: the offline verdict's, else each child's
     refusal by the API server (dry runs in `namespace`, the object's own)."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,8 @@ class FileVerdict:
     agreement: Agreement | None
     revision: str | None
     problems: tuple[Problem, ...] = ()
+    document: Any = field(default=None, compare=False, repr=False)
+    """The object judged, as read (`--server` sends the API server these very values)."""
 
     def as_json(self) -> dict[str, Any]:
         a = self.agreement
@@ -130,8 +133,9 @@ class FileVerdict:
             return "; ".join(p.message for p in self.problems)  # each names its source
         look = f"lookahead prefill={a.prefill_lookahead} decode={a.decode_lookahead}"
         word = "compatible" if a.compatible else "incompatible"
-        if a.compatible and self.exit_code == EXIT_UNUSABLE:
-            word = "compatible, but the API server refuses its children"  # --server
+        if a.compatible and self.exit_code == EXIT_UNUSABLE:  # --server
+            itself = any(p.reason == INVALID for p in self.problems)
+            word = "compatible, but the API server refuses " + ("it" if itself else "its children")
         head = f"{self.source}: {word} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
         return "\n".join([head, *(f"  {p.line()}" for p in self.problems)])
@@ -156,15 +160,18 @@ def validate_file(path: str) -> list[FileVerdict]:
         assert verdict.pdd is not None and verdict.agreement is not None
         code = EXIT_COMPATIBLE if verdict.compatible else EXIT_INCOMPATIBLE
         revision = revision_of(verdict.agreement.settings) if verdict.compatible else None
-        verdicts.append(FileVerdict(source, code, verdict.agreement, revision, verdict.problems))
+        verdicts.append(
+            FileVerdict(source, code, verdict.agreement, revision, verdict.problems, doc)
+        )
     return verdicts
 
 
 def server_verdicts(
     verdicts: list[FileVerdict], paths: list[str], args: argparse.Namespace
 ) -> list[FileVerdict]:
-    """`--server`: each compatible document's children dry-run on the cluster (pdmtp.admission);
-    a refusal makes the document unusable, in the API server's words."""
+    """`--server`: each compatible document dry-run on the cluster, the object itself (the same
+    bytes the offline check judged, fieldValidation=Strict) and then its children
+    (pdmtp.admission); a refusal makes the document unusable, in the API server's words."""
     # Imported here: the offline checks must not need a cluster client.
     from pdmtp import admission
     from pdmtp.kube import ApiError, load_client
@@ -175,34 +182,34 @@ def server_verdicts(
         raise UnusableInput(f"no cluster to talk to: {e}") from e
     if "-" in paths:
         raise UnusableInput("--server reads files, not standard input ('-')")
-    docs = {
-        (path if len(d) == 1 else f"{path}#{i + 1}"): doc
-        for path in paths
-        for d in [_documents_or_none(path)]
-        for i, doc in enumerate(d)
-    }
     out = []
     for verdict in verdicts:
-        doc = docs.get(verdict.source)
-        if verdict.exit_code != EXIT_COMPATIBLE or doc is None:
+        doc = verdict.document
+        if verdict.exit_code != EXIT_COMPATIBLE or not isinstance(doc, dict):
             out.append(verdict)
             continue
         namespace = (doc.get("metadata") or {}).get("namespace") or args.namespace
         try:
-            problems = admission.review(api, doc, namespace)
+            # The object itself first, the very bytes judged offline; then its children.
+            refusal = admission.dry_run_object(
+                api, yamlread.to_json_bytes(doc), v.KIND, namespace, doc["metadata"]["name"]
+            )
+            problems = (
+                [
+                    Problem(
+                        INVALID,
+                        f"the API server would refuse {v.KIND}/{refusal.name}: " + refusal.message,
+                    )
+                ]
+                if refusal is not None
+                else admission.review(api, doc, namespace)
+            )
         except ApiError as e:
             raise UnusableInput(f"{verdict.source}: the dry run failed: {e.message}") from e
         if problems:
             verdict = replace(verdict, exit_code=EXIT_UNUSABLE, problems=tuple(problems))
         out.append(verdict)
     return out
-
-
-def _documents_or_none(path: str) -> list[Any]:
-    try:
-        return load_documents(path)
-    except UnusableInput:
-        return []
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -622,8 +629,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    return build_parser()  # built once: argparse takes ~20 ms to build it (the fuzz calls main)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         code: int = args.func(args)
     except UnusableInput as e:

@@ -183,3 +183,22 @@ def test_a_python_value_that_is_not_json_in_a_pod_field_is_a_problem_not_a_crash
     doc["spec"]["pod"] = {"affinity": {"nodeAffinity": datetime.date(2024, 1, 1)}}
     verdict = validate(doc)
     assert verdict.pdd is None and "spec.pod.affinity" in verdict.message()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_pure_python_parser_reads_alike(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without libyaml, PyYAML's own parser stands in: the same objects, the same refusals."""
+    with_libyaml: Any
+    try:
+        with_libyaml = read_stream(case.text)
+    except ReadError as e:
+        with_libyaml = e.message
+    monkeypatch.setattr(yaml, "__with_libyaml__", False)
+    try:
+        pure: Any = read_stream(case.text)
+    except ReadError as e:
+        pure = e.message
+    if isinstance(with_libyaml, str):  # the parsers word syntax errors apart
+        assert isinstance(pure, str)
+    else:
+        assert typed(pure) == typed(with_libyaml)
