@@ -52,11 +52,14 @@ def load_documents(path: str) -> list[Any]:
         raise UnusableInput(f"{path}: not UTF-8 text (byte {e.start}): not a YAML file") from e
     if "\x00" in text:
         raise UnusableInput(f"{path}: contains NUL bytes: not a YAML file")
+    warnings: list[str] = []
     try:
-        docs = yamlread.read_stream(text)
+        docs = yamlread.read_stream(text, warnings)
     except yamlread.ReadError as e:
         where = "" if e.line is None else f" at line {e.line}"
         raise UnusableInput(f"{path}: not valid YAML{where}: {e.message}") from e
+    for warning in warnings:  # kubectl sends the last value without a word; so do we, with one
+        print(f"warning: {path}: {warning}", file=sys.stderr)
     if not docs:
         raise UnusableInput(f"{path}: no YAML document in the file")
     return docs

@@ -11,7 +11,7 @@ here:
 2. sigs.k8s.io/yaml reads each piece with its fork of go-yaml v2 into untyped values and turns
    them into JSON: go-yaml v2's scalar resolution (booleans yes/no/on/off/y/n, integers in Go's
    base-prefixed syntax with `_` dropped, floats such as `1e3`, `.5`; timestamps stay strings;
-   `1:30` is a string; `!!binary` is decoded), merge keys, aliases, duplicate keys refused; map
+   `1:30` is a string; `!!binary` is decoded), merge keys, aliases, a duplicate key silently replacing the earlier value (here: warned); map
    keys become strings; NaN and infinities cannot be JSON.
 3. kubectl decodes that JSON into an unstructured object: a number written without `.`/`e` that
    fits int64 is an integer, any other number a float64, and sends it on. Go writes an integral
@@ -19,7 +19,7 @@ here:
 
 The result holds only JSON values: dict (str keys), list, str, int (int64), float (finite),
 bool, None. Every refusal is a `ReadError` whose message follows kubectl's words where kubectl
-has words for it (duplicate keys, separators, conversions). Pure: no I/O, no cluster.
+has words for it (separators, conversions). Pure: no I/O, no cluster.
 """
 
 from __future__ import annotations
@@ -348,13 +348,14 @@ def _allowed_alias_ratio(decodes: int) -> float:
 
 
 class _Decoder:
-    """go-yaml v2's decoder into interface{}, strict about duplicate keys as kubectl is."""
+    """go-yaml v2's decoder into interface{}, not strict, as kubectl uses it: a duplicate key
+    replaces the earlier value (merged keys too, in document order), and is noted."""
 
     def __init__(self) -> None:
         self.decodes = 0
         self.aliases = 0
         self.active: set[int] = set()  # aliased nodes being decoded (self-containment)
-        self.errors: list[str] = []
+        self.duplicates: list[tuple[int, str]] = []  # (0-based line, go-yaml's strict words)
 
     def count(self) -> None:
         """go-yaml v2's guard: nodes decoded inside an alias against all nodes decoded."""
@@ -422,10 +423,7 @@ class _Decoder:
             value = self.value(value_node)
             marker = _key_marker(key)
             if marker in out:
-                self.errors.append(
-                    f"line {value_node.line + 1}: key {_go_repr(key)} already set in map"
-                )
-                continue
+                self.duplicates.append((value_node.line, f"key {_go_repr(key)} already set in map"))
             out[marker] = value
 
     def merge(self, n: _Node, out: dict[Any, Any]) -> None:
@@ -649,8 +647,9 @@ def split_documents(text: str) -> list[tuple[int, str]]:
     return pieces
 
 
-def read_yaml_piece(text: str) -> Any:
-    """One piece of a YAML stream as kubectl's JSON value (None for an empty piece)."""
+def read_yaml_piece(text: str, notes: list[tuple[int, str]] | None = None) -> Any:
+    """One piece of a YAML stream as kubectl's JSON value (None for an empty piece); each
+    duplicate key goes to `notes` as (1-based line in the piece, go-yaml's strict words)."""
     try:
         root = _first_document(text)
     except yaml.MarkedYAMLError as e:
@@ -668,11 +667,8 @@ def read_yaml_piece(text: str) -> Any:
         raise ReadError("error converting YAML to JSON: yaml: nesting too deep") from None
     except ReadError as e:
         raise ReadError(f"error converting YAML to JSON: {e.message}", e.line) from None
-    if decoder.errors:
-        raise ReadError(
-            "error converting YAML to JSON: yaml: unmarshal errors:\n  "
-            + "\n  ".join(decoder.errors)
-        )
+    if notes is not None:
+        notes += [(line + 1, words) for line, words in decoder.duplicates]
     try:
         return to_json_value(value)
     except RecursionError:
@@ -714,7 +710,9 @@ def read_json_stream(text: str) -> list[Any]:
     return values
 
 
-def _read_json_then_yaml(text: str, yaml_after: bool = True) -> list[Any]:
+def _read_json_then_yaml(
+    text: str, yaml_after: bool = True, warnings: list[str] | None = None
+) -> list[Any]:
     """kubectl's JSON path: JSON values one after another; where one does not parse and at most
     one did before, the rest (from the end of the last one, the spaces up to the first newline
     skipped) is read as YAML, and if that fails too the JSON error is the one reported."""
@@ -747,7 +745,7 @@ def _read_json_then_yaml(text: str, yaml_after: bool = True) -> list[Any]:
         if text[rest - 1] == "\n":
             break
     try:
-        more = _read_yaml(text[rest:], first_line=text[:rest].count("\n") + 1)
+        more = _read_yaml(text[rest:], text[:rest].count("\n") + 1, warnings)
     except ReadError:
         raise error from None
     return values + more
@@ -768,14 +766,19 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _read_yaml(text: str, first_line: int = 1) -> list[Any]:
+def _read_yaml(text: str, first_line: int = 1, warnings: list[str] | None = None) -> list[Any]:
     values = []
     for start, piece in split_documents(text):
+        notes: list[tuple[int, str]] = []
         try:
-            values.append(read_yaml_piece(piece))
+            values.append(read_yaml_piece(piece, notes))
         except ReadError as e:
             line = start if e.line is None else start + e.line - 1
             raise ReadError(e.message, line + first_line - 1) from None
+        if warnings is not None:
+            for line, words in notes:
+                at = start + line - 1 + first_line - 1
+                warnings.append(f"line {at}: {words} (kubectl keeps the last)")
     return values
 
 
@@ -783,10 +786,14 @@ def looks_like_json(text: str) -> bool:
     return text[:JSON_PREFIX_WINDOW].lstrip().startswith("{")
 
 
-def read_stream(text: str) -> list[Any]:
+def read_stream(text: str, warnings: list[str] | None = None) -> list[Any]:
     """Every object kubectl would send for this file's text, in order; empty and null documents
-    are skipped, as kubectl skips them. Raises ReadError."""
-    values = _read_json_then_yaml(text) if looks_like_json(text) else _read_yaml(text)
+    are skipped, as kubectl skips them. Raises ReadError. A duplicate key is no error (kubectl
+    keeps the last value without a word): `warnings` gets a line for each."""
+    if looks_like_json(text):
+        values = _read_json_then_yaml(text, warnings=warnings)
+    else:
+        values = _read_yaml(text, warnings=warnings)
     return [item for v in values if v is not None for item in _flatten(v)]
 
 

@@ -1,0 +1,122 @@
+"""The YAML corpus (cluster/yaml_corpus.py) against the real kubectl: every file goes through
+`kubectl create --dry-run=client -o json` and through pdmtp.yamlread; both give the same JSON
+objects, or both refuse, kubectl in the words the corpus records. (The CRD is installed only so
+that kubectl can map the kind; nothing is sent to the API server.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster.kubehelpers import Cluster, kubectl
+from cluster.yaml_corpus import CASES, Case, Refused
+from pdmtp.yamlread import ReadError, read_json_stream, read_stream
+
+
+def kubectl_parse(cluster: Cluster, namespace: str, path: Path) -> tuple[list[Any] | None, str]:
+    """What kubectl would send for the file (None when it refuses), and its stderr."""
+    done = kubectl(
+        cluster, "-n", namespace, "create", "--dry-run=client", "-o", "json", "-f", str(path)
+    )
+    if done.returncode != 0:
+        return None, done.stderr
+    # Read kubectl's output with kubectl's own number rules (int64, else float64).
+    printed = read_json_stream(done.stdout)
+    objects = []
+    for obj in printed:
+        objects += obj["items"] if obj.get("kind") == "List" and "items" in obj else [obj]
+    return [comparable(o) for o in objects], done.stderr
+
+
+def comparable(obj: Any) -> Any:
+    """Without what kubectl adds on its way out (the namespace of -n, creationTimestamp)."""
+    if isinstance(obj, dict) and isinstance(obj.get("metadata"), dict):
+        meta = {k: v for k, v in obj["metadata"].items() if k not in ("namespace",)}
+        if meta.get("creationTimestamp") is None:
+            meta.pop("creationTimestamp", None)
+        return {**obj, "metadata": meta}
+    return obj
+
+
+def typed(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def compare(cluster: Cluster, namespace: str, path: Path) -> tuple[Any, Any, str]:
+    """(kubectl's objects or None, the reader's objects or its ReadError, kubectl's stderr)."""
+    sent, stderr = kubectl_parse(cluster, namespace, path)
+    try:
+        ours: Any = [comparable(o) for o in read_stream(path.read_text())]
+    except ReadError as e:
+        ours = e
+    return sent, ours, stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_kubectl_reads_the_corpus_as_pdmtp_does(
+    case: Case, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "case.yaml"
+    path.write_text(case.text)
+    sent, ours, stderr = compare(cluster, namespace, path)
+    if isinstance(case.sends, Refused):
+        assert sent is None, f"kubectl sends {json.dumps(sent)}"
+        assert case.sends.words in stderr, stderr
+        assert isinstance(ours, ReadError), ours
+        assert case.sends.words in ours.message
+    else:
+        assert sent is not None, stderr
+        assert typed(sent) == typed([comparable(o) for o in case.sends])
+        assert not isinstance(ours, ReadError), ours
+        assert typed(ours) == typed(sent)
+
+
+@pytest.mark.parametrize(("written", "taken"), [("2.0", True), ("2.5", False), ("1e20", False)])
+def test_integral_floats_for_an_integer_field(
+    written: str, taken: bool, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    """The API server takes an integral float JSON number for an integer field (kube-openapi's
+    type check) from any client; kubectl never sends one (it writes 2.0 as 2); `pdmtp validate`
+    reads 2.0 as 2 and takes it too. A fraction, or a float beyond 2^53, is refused by all."""
+    from builders import pdd
+    from pdmtp.kube import ApiError, load_client, send
+
+    doc = pdd("intfloat").dict()
+    body = json.dumps(doc).replace('"replicas": 1', f'"replicas": {written}', 1)
+    assert f'"replicas": {written}' in body
+    api = load_client(str(cluster.kubeconfig))
+    try:
+        send(
+            api,
+            "POST",
+            f"/apis/pdmtp.io/v1alpha1/namespaces/{namespace}/pddeployments",
+            query=[("dryRun", "All"), ("fieldValidation", "Strict")],
+            body=body,
+        ).read()
+        server_takes = True
+    except ApiError as e:
+        assert e.status == 422, e
+        server_takes = False
+    assert server_takes == taken
+    path = tmp_path / "pdd.json"
+    path.write_text(body)
+    code, _ = _validate(path)
+    assert (code == 0) == taken
+
+
+def _validate(path: Path) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    from pdmtp.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["validate", str(path)])
+    return code, out.getvalue()
