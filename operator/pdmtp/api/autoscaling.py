@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from fractions import Fraction
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -43,8 +44,30 @@ OPERATOR: Source = "Operator"
 EXTERNAL: Source = "External"
 
 
+FRACTION_SIGNALS = (Signal.KV_CACHE_USAGE,)
+"""Signals that are a fraction 0..1 (vllm:kv_cache_usage_perc is one, despite its name)."""
+SPEC_DECODE_SIGNALS = (Signal.DECODE_TOKENS_PER_POD,)
+"""Signals read off vLLM's spec-decode counters, which only a speculating decode moves."""
+
+
+def _cel_list(values: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
+
+
+FRACTION_RULE = Rule(
+    f"!(self.signal in {_cel_list(FRACTION_SIGNALS)}) || self.value <= 1.0",
+    "spec.autoscaling.<role>.targets: "
+    + ", ".join(FRACTION_SIGNALS)
+    + " is a fraction of the KV cache (0..1, vllm:kv_cache_usage_perc): write 0.8, not 80",
+    lambda target: target.signal not in FRACTION_SIGNALS or target.value <= 1,
+)
+
+
 class Target(Model):
     """One signal and the value per pod (or per request) the role should run at."""
+
+    RULES = (FRACTION_RULE,)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     # Not strict: the wire carries the enum's string value.
     signal: Signal = Field(strict=False, description="The signal (README: Autoscaling).")
@@ -127,10 +150,18 @@ TOKENS_NEED_ACCEPTANCE_RULE = Rule(
 )
 
 
+TARGETS_GIVEN_RULE = Rule(
+    "!has(self.targets) || size(self.targets) > 0",
+    "spec.autoscaling.<role>.targets is empty: no signal could ever move the role; list at "
+    "least one target, or omit targets for the role's defaults",
+    lambda role: role.targets is None or len(role.targets) > 0,
+)
+
+
 class RoleAutoscaling(Model):
     """How one engine role scales."""
 
-    RULES = (MIN_MAX_RULE, EXTERNAL_FIELDS_RULE, TOKENS_NEED_ACCEPTANCE_RULE)
+    RULES = (MIN_MAX_RULE, EXTERNAL_FIELDS_RULE, TOKENS_NEED_ACCEPTANCE_RULE, TARGETS_GIVEN_RULE)
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     source: Source = Field(
@@ -196,14 +227,21 @@ def _bounds(spec: Any, role: str) -> tuple[int, int]:
     return scaling.min_replicas, scaling.max_replicas
 
 
+def exact(number: float) -> Fraction:
+    """The decimal a spec wrote (the shortest repr of its float), exactly: what the scaler
+    compares ratios with (0.07 x 100 is 7, where binary floating point makes it 7.000...01)."""
+    return Fraction(repr(number))
+
+
 def band_reachable(spec: Any) -> bool:
     """Some whole pair (prefill, decode) within both roles' bounds lies inside the band."""
     ratio = spec.autoscaling.ratio
     if ratio is None:
         return True
+    low, high = exact(ratio.min), exact(ratio.max)
     (p_low, p_high), (d_low, d_high) = _bounds(spec, "prefill"), _bounds(spec, "decode")
     return any(
-        max(p_low, math.ceil(ratio.min * decode)) <= min(p_high, math.floor(ratio.max * decode))
+        max(p_low, math.ceil(low * decode)) <= min(p_high, math.floor(high * decode))
         for decode in range(d_low, d_high + 1)
     )
 
@@ -219,13 +257,19 @@ def _cel_bounds(role: str) -> tuple[str, str]:
 
 _P_MIN, _P_MAX = _cel_bounds("prefill")
 _D_MIN, _D_MAX = _cel_bounds("decode")
+BAND_SLACK = 1e-7
 BAND_REACHABLE_RULE = Rule(
     # CEL cannot loop over the counts, so the API server checks the band against the real
     # interval (a necessary condition); `pdmtp validate`, the webhook and the operator check
-    # whole pairs (`band_reachable`), and the operator's status names a band no pair satisfies.
+    # whole pairs (`band_reachable`, exact decimals), and the operator's status names a band no
+    # pair satisfies. CEL has doubles only: 0.07 * 100.0 is 7.000000000000001, which would refuse
+    # a band the scaler reaches. With counts <= 1000 a product's rounding error is below 1e-9,
+    # and for ratios of up to 6 decimals an exact product above a count exceeds it by >= 1e-6, so
+    # comparing with BAND_SLACK (1e-7) makes the interval test exact for such ratios (the ratio
+    # bounds allow 0.001 steps; more decimals only loosen the necessary condition further).
     "!has(self.autoscaling) || !has(self.autoscaling.ratio) || ("
-    f"self.autoscaling.ratio.min * double({_D_MIN}) <= double({_P_MAX}) && "
-    f"double({_P_MIN}) <= self.autoscaling.ratio.max * double({_D_MAX}))",
+    f"self.autoscaling.ratio.min * double({_D_MIN}) <= double({_P_MAX}) + {BAND_SLACK} && "
+    f"double({_P_MIN}) <= self.autoscaling.ratio.max * double({_D_MAX}) + {BAND_SLACK})",
     "spec.autoscaling.ratio: no prefill and decode counts within the roles' minReplicas/"
     "maxReplicas (a role without autoscaling keeps its replicas) give a prefill:decode ratio "
     "inside [min, max]: widen the band or the bounds",
@@ -233,8 +277,44 @@ BAND_REACHABLE_RULE = Rule(
 )
 
 
+def _reads_spec_decode(scaling: RoleAutoscaling | None) -> bool:
+    """The role's scaler reads the spec-decode counters (or is told an acceptance for them)."""
+    if scaling is None:
+        return False
+    targets = scaling.targets or []
+    signals = any(t.signal in SPEC_DECODE_SIGNALS for t in targets)
+    return signals or scaling.expected_acceptance_length is not None
+
+
+def _cel_reads_spec_decode(scaling: str) -> str:
+    return (
+        f"has({scaling}) && ((has({scaling}.targets) && {scaling}.targets.exists(t, t.signal in "
+        f"{_cel_list(SPEC_DECODE_SIGNALS)})) || has({scaling}.expectedAcceptanceLength))"
+    )
+
+
+_SPEC_DECODE_WORDS = " and ".join(SPEC_DECODE_SIGNALS) + " (with expectedAcceptanceLength)"
+PREFILL_SPEC_DECODE_RULE = Rule(
+    f"!({_cel_reads_spec_decode('self.prefill')})",
+    f"spec.autoscaling.prefill: {_SPEC_DECODE_WORDS} read vLLM's spec-decode counters, which a "
+    "prefill pod never moves (it hands each prompt on after its first token, drafting nothing): "
+    "the signal would never report; use it on spec.autoscaling.decode",
+    lambda auto: not _reads_spec_decode(auto.prefill),
+)
+STALENESS_RULE = Rule(
+    "self.staleAfterSeconds > self.intervalSeconds",
+    "spec.autoscaling.staleAfterSeconds must be greater than intervalSeconds: a pod is scraped "
+    "once per interval, so a shorter staleness window finds its last scrape stale before the "
+    "next one lands, and a role never scales down",
+    lambda auto: auto.stale_after_seconds > auto.interval_seconds,
+)
+
+
 class AutoscalingSpec(Model):
     """Per-role autoscaling within a prefill:decode band."""
+
+    RULES = (PREFILL_SPEC_DECODE_RULE, STALENESS_RULE)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     prefill: RoleAutoscaling | None = Field(
         default=None, description="The prefill role; unset keeps spec.prefill.replicas."
@@ -262,3 +342,47 @@ class AutoscalingSpec(Model):
     def role(self, role: str) -> RoleAutoscaling | None:
         scaling: RoleAutoscaling | None = getattr(self, role)
         return scaling
+
+
+def _decode_k(spec: Any) -> int | None:
+    """The decode role's numSpeculativeTokens (its override first); None without speculation."""
+    if spec.speculative is None:
+        return None
+    override = spec.decode.speculative
+    k: int = (override or spec.speculative).num_speculative_tokens
+    return k
+
+
+_DECODE = "self.autoscaling.decode"
+SPEC_DECODE_NEEDS_SPECULATIVE_RULE = Rule(
+    f"!has(self.autoscaling) || has(self.speculative) || !({_cel_reads_spec_decode(_DECODE)})",
+    f"spec.autoscaling.decode: {_SPEC_DECODE_WORDS} read vLLM's spec-decode counters, which an "
+    "engine without speculative decoding (spec.speculative unset) does not export: the signal "
+    "would never report; set spec.speculative or use another signal",
+    lambda spec: (
+        spec.autoscaling is None
+        or spec.speculative is not None
+        or not _reads_spec_decode(spec.autoscaling.decode)
+    ),
+)
+ACCEPTANCE_WITHIN_K_RULE = Rule(
+    # vLLM counts accepted draft tokens per draft (spec_decode_num_accepted_tokens /
+    # spec_decode_num_drafts, the bonus token not included): at most k of the k drafted.
+    f"!has(self.autoscaling) || !has({_DECODE}) || !has({_DECODE}.expectedAcceptanceLength) || "
+    f"!has(self.speculative) || {_DECODE}.expectedAcceptanceLength <= double("
+    "has(self.decode.speculative) ? self.decode.speculative.numSpeculativeTokens : "
+    "self.speculative.numSpeculativeTokens)",
+    "spec.autoscaling.decode.expectedAcceptanceLength counts accepted draft tokens per draft "
+    "(vLLM's spec_decode_num_accepted_tokens / spec_decode_num_drafts, the bonus token not "
+    "included): it cannot exceed the decode role's numSpeculativeTokens (k, "
+    "spec.decode.speculative's or spec.speculative's)",
+    lambda spec: (
+        spec.autoscaling is None
+        or spec.autoscaling.decode is None
+        or spec.autoscaling.decode.expected_acceptance_length is None
+        or (k := _decode_k(spec)) is None
+        or spec.autoscaling.decode.expected_acceptance_length <= k
+    ),
+)
+AUTOSCALING_SPEC_RULES = (SPEC_DECODE_NEEDS_SPECULATIVE_RULE, ACCEPTANCE_WITHIN_K_RULE)
+"""Rules over the whole spec (they read spec.speculative and the roles' k)."""

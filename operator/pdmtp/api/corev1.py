@@ -143,7 +143,9 @@ def problems(value: Any, node: JsonSchema, path: str = "") -> list[Problem]:
     if node.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, int | str):
             return [(path, f"Invalid value: {_show(value)}: must be an integer or a string")]
-        if isinstance(value, str) and "pattern" in node and not re.match(node["pattern"], value):
+        # fullmatch: the schema's pattern is a Go regexp, whose $ never matches before a final \n
+        pattern = node.get("pattern")
+        if isinstance(value, str) and pattern and not re.fullmatch(pattern, value):
             return [(path, f"Invalid value: {_show(value)}: must be a quantity such as 4, 500m")]
         return []
     kind = node.get("type")

@@ -142,6 +142,8 @@ def _sections(path: str, node: JsonSchema, description: str) -> Iterator[Section
         items = sub.get("items")
         if isinstance(items, dict) and "properties" in items:
             nested.append((f"{sub_path}[]", items, items.get("description", "")))
+        elif isinstance(items, dict):
+            section.rules.extend(_rules(f"{sub_path}[]", items))  # each scalar item's rules
     yield section
     for sub_path, sub, sub_description in nested:
         yield from _sections(sub_path, sub, sub_description)

@@ -47,7 +47,7 @@ _OWNED = re.compile(OWNED_FLAG_PATTERN)
 
 def owned_flag(arg: str) -> str | None:
     """The canonical owned flag that `arg` sets, or None when the argument is free to use."""
-    if not _OWNED.match(arg):
+    if not _OWNED.fullmatch(arg):  # fullmatch: Python's `$` also matches before a final \n
         return None
     name = arg.split("=", 1)[0]
     canonical = name[:2] + name[2:].replace("_", "-") if name.startswith("--") else name

@@ -5,6 +5,7 @@ never a paired rollout."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -147,6 +148,9 @@ def _resource_map(path: str) -> Checked:
 class ResourceRequirements(Model):
     """Compute resources for the engine container. GPUs are added from the parallel sizes."""
 
+    RULES = (r.requests_within_limits_rule("resources"),)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
     requests: Annotated[dict[str, QuantityValue], _resource_map("resources.requests")] = Field(
         default_factory=dict,
         max_length=12,
@@ -245,6 +249,32 @@ class Volume(Model):
     ] = Field(max_length=63, description="Volume name, referenced by volumeMounts.")
 
 
+_DOT_SEGMENT = r"(^|/)\.\.?(/|$)"
+
+
+def _mount_path_ok(path: str) -> bool:
+    normal = (
+        path.startswith("/")
+        and path != "/"
+        and "//" not in path
+        and re.search(_DOT_SEGMENT.replace("$", r"\Z"), path) is None  # RE2's $ is Python's \Z
+    )
+    return normal and not any(path == p or path.startswith(p + "/") for p in v.RESERVED_MOUNT_PATHS)
+
+
+MOUNT_PATH_RULE = Rule(
+    # Refusing '//' and '.'/'..' segments makes the prefix test exact: '//models' and
+    # '/cache/../models' would otherwise land on an operator's mount past it.
+    "self.startsWith('/') && self != '/' && !self.contains('//') && "
+    f"!self.matches('{r.re2(_DOT_SEGMENT)}') && !("
+    + " || ".join(f"self == '{p}' || self.startsWith('{p}/')" for p in v.RESERVED_MOUNT_PATHS)
+    + ")",
+    "mountPath must be absolute and normalised (no '//', '.' or '..' segments), not '/', "
+    "and outside the operator's mounts (" + ", ".join(v.RESERVED_MOUNT_PATHS) + ")",
+    _mount_path_ok,
+)
+
+
 class VolumeMount(Model):
     """Where a volume appears in the engine container: the core/v1 VolumeMount (Kubernetes'
     schema, pdmtp.api.corev1), at a path outside the operator's mounts."""
@@ -252,27 +282,9 @@ class VolumeMount(Model):
     model_config = ConfigDict(extra="allow")
 
     name: str = Field(min_length=1, max_length=63, description="The volume's name.")
-    mount_path: Annotated[
-        str,
-        Checked(
-            Rule(
-                "self.startsWith('/') && !("
-                + " || ".join(
-                    f"self == '{p}' || self.startsWith('{p}/')" for p in v.RESERVED_MOUNT_PATHS
-                )
-                + ")",
-                "mountPath must be absolute and outside the operator's mounts ("
-                + ", ".join(v.RESERVED_MOUNT_PATHS)
-                + ")",
-                lambda path: (
-                    path.startswith("/")
-                    and not any(
-                        path == p or path.startswith(p + "/") for p in v.RESERVED_MOUNT_PATHS
-                    )
-                ),
-            )
-        ),
-    ] = Field(min_length=1, max_length=1024, description="Absolute path in the container.")
+    mount_path: Annotated[str, Checked(MOUNT_PATH_RULE)] = Field(
+        min_length=1, max_length=1024, description="Absolute path in the container."
+    )
     sub_path: str | None = Field(default=None, max_length=1024, description="Path in the volume.")
     read_only: bool | None = Field(default=None, description="Mount read-only.")
 

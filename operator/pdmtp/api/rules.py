@@ -8,7 +8,9 @@ whose Python side is one of the agreement's findings (`pdmtp.core.agreement`) na
 instead of a predicate, so `pdmtp validate` reports it with its reason (exit 1) rather than as an
 unusable spec.
 
-The regular expressions are RE2-compatible (CEL `matches`) and mean the same in Python.
+The regular expressions are RE2-compatible (CEL `matches`) and mean the same in Python: Python
+checks them with `fullmatch`, since its `$` also matches before a final newline (RE2's does not),
+so `demo\n` would pass `^[a-z]+$` with `re.match` and fail CEL.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Final
 
 from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
@@ -128,23 +130,23 @@ _SUFFIX: dict[str, int | Decimal] = {
 
 def matches(pattern: str) -> Callable[[Any], bool]:
     compiled = re.compile(pattern)
-    return lambda value: isinstance(value, str) and compiled.match(value) is not None
+    return lambda value: isinstance(value, str) and compiled.fullmatch(value) is not None
 
 
 def quantity(value: int | str) -> Decimal:
     """The numeric value of a Kubernetes quantity (int, or a string in the grammar above)."""
     if isinstance(value, int):
         return Decimal(value)
-    if not re.match(QUANTITY, value):
+    if not re.fullmatch(QUANTITY, value):
         raise ValueError(f"not a quantity: {value!r}")
     number = re.match(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", value)
     assert number is not None
     digits, suffix = number.group(0), value[number.end() :]
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(digits) * Decimal(10) ** int(suffix[1:])
-        return Decimal(digits) * Decimal(_SUFFIX[suffix])
-    except (InvalidOperation, KeyError) as e:
+        if suffix in _SUFFIX:  # before the exponent: 8E (exa) and 8Ei (exbi) are suffixes
+            return Decimal(digits) * Decimal(_SUFFIX[suffix])
+        return Decimal(digits) * Decimal(10) ** int(suffix[1:])
+    except (ArithmeticError, ValueError) as e:  # decimal.Overflow is no InvalidOperation
         raise ValueError(f"not a quantity: {value!r}") from e
 
 
@@ -157,16 +159,32 @@ def _non_negative_quantity(value: Any) -> bool:
         return False
 
 
-def _re2(pattern: str) -> str:
+def re2(pattern: str) -> str:
     # CEL string literals are single-quoted; escape backslashes once more inside them.
     return pattern.replace("\\", "\\\\")
+
+
+DOT_DOT_SEGMENT: Final = r"(^|/)\.\.(/|$)"
+"""A '..' path segment (RE2; in Python, `$` must read `\\Z`)."""
+
+
+def sub_path_rule(path: str) -> Rule:
+    """A path inside a volume or image: relative, without '..' segments (it could leave it)."""
+    return Rule(
+        f"!self.startsWith('/') && !self.matches('{re2(DOT_DOT_SEGMENT)}')",
+        f"{path} is a relative path inside the volume, without '..'",
+        lambda value: (
+            not value.startswith("/")
+            and re.search(DOT_DOT_SEGMENT.replace("$", r"\Z"), value) is None
+        ),
+    )
 
 
 def name_rule(path: str, pattern: str, what: str, max_length: int) -> Rule:
     """A string field that must match `pattern` (for names, keys and values)."""
     check = matches(pattern)
     return Rule(
-        f"size(self) <= {max_length} && self.matches('{_re2(pattern)}')",
+        f"size(self) <= {max_length} && self.matches('{re2(pattern)}')",
         f"{path} must be {what}, at most {max_length} characters",
         lambda value: isinstance(value, str) and len(value) <= max_length and check(value),
     )
@@ -175,7 +193,7 @@ def name_rule(path: str, pattern: str, what: str, max_length: int) -> Rule:
 def image_rule(path: str) -> Rule:
     check = matches(IMAGE_REFERENCE)
     return Rule(
-        f"self.matches('{_re2(IMAGE_REFERENCE)}')",
+        f"self.matches('{re2(IMAGE_REFERENCE)}')",
         f"{path} must be an image reference like registry.example.com/org/image:tag "
         "(lower-case path, no spaces)",
         check,
@@ -218,7 +236,7 @@ def extended_resources_rule(path: str) -> Rule:
 def keys_rule(path: str, pattern: str, what: str) -> Rule:
     check = matches(pattern)
     return Rule(
-        f"self.all(k, size(k) <= 316 && k.matches('{_re2(pattern)}'))",
+        f"self.all(k, size(k) <= 316 && k.matches('{re2(pattern)}'))",
         f"{path} keys must be {what}",
         lambda value: all(len(k) <= 316 and check(k) for k in value),
     )
@@ -227,8 +245,36 @@ def keys_rule(path: str, pattern: str, what: str) -> Rule:
 def label_values_rule(path: str) -> Rule:
     check = matches(LABEL_VALUE)
     return Rule(
-        f"self.all(k, self[k].matches('{_re2(LABEL_VALUE)}'))",
+        f"self.all(k, self[k].matches('{re2(LABEL_VALUE)}'))",
         f"{path} values must be label values: at most 63 letters, digits, '-', '_' or '.', "
         "starting and ending with a letter or digit",
         lambda value: all(check(v) for v in value.values()),
+    )
+
+
+def _cel_quantity(value: str) -> str:
+    # A map value is an int or a quantity string; string() reads both as the quantity's text.
+    return f"quantity(string({value}))"
+
+
+def _within_limit(request: Any, limit: Any) -> bool:
+    try:
+        return quantity(request) <= quantity(limit)
+    except (ValueError, TypeError):
+        return True  # not a quantity: quantities_rule says so
+
+
+def requests_within_limits_rule(path: str) -> Rule:
+    """A request above its own limit: the API server refuses the rendered container
+    (`must be less than or equal to ... limit`); refuse the spec instead, in these words."""
+    request, limit = "self.requests[k]", "self.limits[k]"
+    return Rule(
+        "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
+        f"!isQuantity(string({request})) || !isQuantity(string({limit})) || "
+        f"{_cel_quantity(request)}.compareTo({_cel_quantity(limit)}) <= 0)",
+        f"{path}.requests must not exceed {path}.limits for the same resource (the API server "
+        "refuses a container whose request is above its limit)",
+        lambda res: all(
+            _within_limit(q, res.limits[k]) for k, q in res.requests.items() if k in res.limits
+        ),
     )

@@ -11,14 +11,15 @@ Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import re
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
 from pdmtp.api import reasons
 from pdmtp.api import rules as r
 from pdmtp.api import vocabulary as v
-from pdmtp.api.autoscaling import BAND_REACHABLE_RULE, AutoscalingSpec
+from pdmtp.api.autoscaling import AUTOSCALING_SPEC_RULES, BAND_REACHABLE_RULE, AutoscalingSpec
 from pdmtp.api.base import Model, defaulted
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
@@ -56,7 +57,18 @@ def _extra_args_rule(what: str) -> Rule:
     )
 
 
-ExtraArgs = list[Annotated[str, Field(max_length=1024)]]
+CREDENTIAL_FLAG: Final = r"(?i)^--?([a-z0-9]+[-_])*(token|key|secret|password)([-_][a-z0-9]+)*(=|$)"
+"""A flag with a word TOKEN, KEY, SECRET or PASSWORD in its name (--api-key, --hf-token): the
+words env's CREDENTIAL_NAME refuses literal values for; --max-num-batched-tokens has none."""
+CREDENTIAL_ARG_RULE = Rule(
+    f"!self.matches('{r.re2(CREDENTIAL_FLAG)}')",
+    "extraArgs must not carry credentials: a flag whose name has the word TOKEN, KEY, SECRET or "
+    "PASSWORD (--api-key, --hf-token) puts its value where anyone who can read the PDDeployment "
+    "sees it: use spec.model.source.hub.tokenSecretRef for the hub token, or an env entry with "
+    "valueFrom.secretKeyRef (VLLM_API_KEY for --api-key)",
+    lambda arg: re.search(CREDENTIAL_FLAG.replace("$", r"\Z"), arg) is None,
+)
+ExtraArgs = list[Annotated[str, Field(max_length=1024), Checked(CREDENTIAL_ARG_RULE)]]
 
 EngineImage = Annotated[
     str, Field(min_length=1, max_length=512), Checked(r.image_rule("spec.image"))
@@ -82,22 +94,12 @@ class PVCModel(Model):
     claim_name: Annotated[
         str, Checked(r.name_rule("claimName", r.DNS_SUBDOMAIN, "a DNS subdomain", 253))
     ] = Field(max_length=253, description="The PVC holding the checkpoint.")
-    sub_path: (
-        Annotated[
-            str,
-            Checked(
-                Rule(
-                    "!self.startsWith('/') && !self.contains('..')",
-                    "subPath is a relative path inside the volume, without '..'",
-                    lambda path: not path.startswith("/") and ".." not in path,
-                )
-            ),
-        ]
-        | None
-    ) = Field(
-        default=None,
-        max_length=1024,
-        description="The checkpoint's directory in the volume; served as /models/<subPath>.",
+    sub_path: Annotated[str, Checked(r.sub_path_rule("spec.model.source.pvc.subPath"))] | None = (
+        Field(
+            default=None,
+            max_length=1024,
+            description="The checkpoint's directory in the volume; served as /models/<subPath>.",
+        )
     )
     read_only: bool = Field(default=True, description="Mount read-only (the default).")
 
@@ -114,10 +116,12 @@ class ImageModel(Model):
     pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="When to pull it."
     )
-    sub_path: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="The checkpoint's directory in the image; served as /models/<subPath>.",
+    sub_path: Annotated[str, Checked(r.sub_path_rule("spec.model.source.image.subPath"))] | None = (
+        Field(
+            default=None,
+            max_length=1024,
+            description="The checkpoint's directory in the image; served as /models/<subPath>.",
+        )
     )
 
 
@@ -423,8 +427,24 @@ class RoleSpec(Model):
     )
 
 
+ROUTER_GPU_RULE = Rule(
+    f"!has(self.resources) || ((!has(self.resources.requests) || "
+    f"!('{v.GPU_RESOURCE}' in self.resources.requests)) && (!has(self.resources.limits) || "
+    f"!('{v.GPU_RESOURCE}' in self.resources.limits)))",
+    f"spec.router.resources must not ask for {v.GPU_RESOURCE}: vllm-router runs on CPU, and a "
+    "GPU held by a router pod is one the engines cannot have",
+    lambda router: (
+        router.resources is None
+        or v.GPU_RESOURCE not in {**router.resources.requests, **router.resources.limits}
+    ),
+)
+
+
 class RouterSpec(Model):
     """The per-revision vllm-router that pairs a prefill and a decode for each request."""
+
+    RULES = (ROUTER_GPU_RULE,)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     replicas: int = Field(default=1, ge=1, le=100, description="Router pods of a serving revision.")
     policy: Literal[v.ROUTER_POLICIES] = Field(  # type: ignore[valid-type]
@@ -587,6 +607,90 @@ MOUNTS_RULE = Rule(
 )
 
 
+def _effective_mounts(spec: Any) -> set[str]:
+    names: set[str] = set()
+    for role in (spec.prefill, spec.decode):
+        pod = spec.pod if role.pod is None else role.pod.over(spec.pod)
+        if pod is not None:
+            names |= {m.name for m in pod.volume_mounts or []}
+    return names
+
+
+def _weights_volumes(spec: Any) -> set[str]:
+    """The reserved volumes the model's source creates (dshm is always there)."""
+    source = spec.model.source
+    made = {v.SHM_VOLUME}
+    if source is not None and (source.pvc is not None or source.image is not None):
+        made.add(v.MODEL_VOLUME)
+    if source is not None and source.hub is not None and source.hub.cache_pvc is not None:
+        made.add(v.HF_CACHE_VOLUME)
+    return made
+
+
+_HAS_LOCAL_WEIGHTS = (
+    "(has(self.model.source) && (has(self.model.source.pvc) || has(self.model.source.image)))"
+)
+_HAS_HUB_CACHE = (
+    "(has(self.model.source) && has(self.model.source.hub) && has(self.model.source.hub.cachePvc))"
+)
+WEIGHTS_MOUNT_RULE = Rule(
+    " && ".join(
+        f"{_effective_names(role, 'volumeMounts')}.all(n, "
+        f"(n != '{v.MODEL_VOLUME}' || {_HAS_LOCAL_WEIGHTS}) && "
+        f"(n != '{v.HF_CACHE_VOLUME}' || {_HAS_HUB_CACHE}))"
+        for role in v.ENGINE_ROLES
+    ),
+    f"a volumeMounts[] entry names the operator's volume '{v.MODEL_VOLUME}' (created only for a "
+    f"pvc or image spec.model.source) or '{v.HF_CACHE_VOLUME}' (only for "
+    "spec.model.source.hub.cachePvc) that this spec's model source does not create",
+    lambda spec: (
+        not (
+            _effective_mounts(spec) & ({v.MODEL_VOLUME, v.HF_CACHE_VOLUME} - _weights_volumes(spec))
+        )
+    ),
+)
+
+
+def _canary_fits(spec: Any) -> bool:
+    rollout = spec.rollout
+    if rollout.canary is None or rollout.max_surge > 0:
+        return True
+    return all(
+        _lowest_replicas(spec, role) * (100 - rollout.canary.percent) >= 100
+        for role in v.ENGINE_ROLES
+    )
+
+
+def _lowest_replicas(spec: Any, role: str) -> int:
+    scaling = None if spec.autoscaling is None else spec.autoscaling.role(role)
+    return int(getattr(spec, role).replicas if scaling is None else scaling.min_replicas)
+
+
+def _cel_lowest(role: str) -> str:
+    scaling = f"self.autoscaling.{role}"
+    return (
+        f"(has(self.autoscaling) && has({scaling}) ? {scaling}.minReplicas : self.{role}.replicas)"
+    )
+
+
+CANARY_BUDGET_RULE = Rule(
+    # The share is ceil(R x percent / 100), at least 1; with maxSurge 0 the two revisions share
+    # R pods, so the old one keeps one only while share <= R - 1, i.e. R x (100 - p) >= 100.
+    # The lowest count a role may run (minReplicas when autoscaled) is the hardest case.
+    "!has(self.rollout.canary) || self.rollout.maxSurge > 0 || ("
+    + " && ".join(
+        f"{_cel_lowest(role)} * (100 - self.rollout.canary.percent) >= 100"
+        for role in v.ENGINE_ROLES
+    )
+    + ")",
+    "spec.rollout.canary: with maxSurge 0 the new and the old revision share each role's "
+    "replicas, and the canary's share (percent of replicas, rounded up, at least one pod) leaves "
+    "the old revision no pod in a role of this size (its minReplicas when autoscaled): the "
+    "rollout would run in full with no hold; set maxSurge: 1 or a lower percent",
+    _canary_fits,
+)
+
+
 class PDDeploymentSpec(Model):
     """Desired state of a prefill/decode deployment."""
 
@@ -598,7 +702,10 @@ class PDDeploymentSpec(Model):
         SPECULATIVE_OVERRIDE_RULE,
         HUB_TOKEN_RULE,
         MOUNTS_RULE,
+        WEIGHTS_MOUNT_RULE,
         BAND_REACHABLE_RULE,
+        CANARY_BUDGET_RULE,
+        *AUTOSCALING_SPEC_RULES,
     )
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 

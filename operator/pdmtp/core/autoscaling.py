@@ -86,7 +86,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Generic, TypeVar
 
-from pdmtp.api.autoscaling import Signal
+from pdmtp.api.autoscaling import Signal, exact
 from pdmtp.core.promtext import HistogramTotals, Scrape
 
 T = TypeVar("T")
@@ -717,7 +717,7 @@ def _limit_step(
         if up.max_pods is not None:
             limits.append(start + up.max_pods)
         if up.max_percent is not None:
-            limits.append(math.ceil(start * (100 + _exact(up.max_percent)) / 100))
+            limits.append(math.ceil(start * (100 + exact(up.max_percent)) / 100))
         if not limits:
             return stabilised
         # A period already used up holds the count; it never turns a scale-up into a scale-down.
@@ -729,7 +729,7 @@ def _limit_step(
         if down.max_pods is not None:
             limits.append(start - down.max_pods)
         if down.max_percent is not None:
-            keep = math.ceil(start * (100 - _exact(down.max_percent)) / 100)
+            keep = math.ceil(start * (100 - exact(down.max_percent)) / 100)
             limits.append(min(keep, start - 1))  # a small role still loses one pod a period
         if not limits:
             return stabilised
@@ -741,11 +741,6 @@ def _net_change(history: RoleHistory, period: float, now: float) -> int:
     return sum(e.after - e.before for e in history.scale_events if e.at > now - period)
 
 
-def _exact(number: float) -> Fraction:
-    """The decimal the user wrote (0.3 is 3/10, not the float below it), for exact rounding."""
-    return Fraction(repr(number))
-
-
 def _keep_ratio(
     band: RatioBand, prefill: int, decode: int, prefill_rules: RolePolicy, decode_rules: RolePolicy
 ) -> tuple[int, int, str | None]:
@@ -754,7 +749,7 @@ def _keep_ratio(
     Nearest means: fewest pods taken away from what the roles want, then fewest added, then the
     decode count closest to its own. None inside the band: min/max win and the note says so.
     """
-    low, high = _exact(band.min), _exact(band.max)
+    low, high = exact(band.min), exact(band.max)
     label = f"prefill:decode band [{band.min:g}, {band.max:g}]"
     if low <= Fraction(prefill, decode) <= high:
         return prefill, decode, None
