@@ -1,7 +1,8 @@
 """The YAML corpus (cluster/yaml_corpus.py) against the real kubectl: every file goes through
-`kubectl create --dry-run=client -o json` and through pdmtp.yamlread; both give the same JSON
-objects, or both refuse, kubectl in the words the corpus records. (The CRD is installed only so
-that kubectl can map the kind; nothing is sent to the API server.)"""
+`kubectl create --dry-run=client --validate=false -o json` (its parse, no schema) and through
+pdmtp.yamlread; both give the same JSON objects, or both refuse, kubectl in the words the corpus
+records. (The CRD is installed only so that kubectl can map the kind; nothing is sent to the API
+server.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from pdmtp.yamlread import ReadError, read_json_stream, read_stream
 def kubectl_parse(cluster: Cluster, namespace: str, path: Path) -> tuple[list[Any] | None, str]:
     """What kubectl would send for the file (None when it refuses), and its stderr."""
     done = kubectl(
-        cluster, "-n", namespace, "create", "--dry-run=client", "-o", "json", "-f", str(path)
+        cluster,
+        "-n",
+        namespace,
+        "create",
+        "--dry-run=client",
+        "--validate=false",
+        "-o",
+        "json",
+        "-f",
+        str(path),
     )
     if done.returncode != 0:
         return None, done.stderr
