@@ -75,14 +75,16 @@ cluster-down: ## Stop the local control plane
 
 # ---- the main job -----------------------------------------------------------------------------
 
+# DEMO_DIR holds the demo's state (control plane, kubeconfig, operator pid and log).
+DEMO_DIR ?= .cluster
+
 .PHONY: demo
 demo: venv cluster-bins ## Control plane + operator + a PDDeployment to Available + an MTP rollout
-	hack/demo.sh
+	PDMTP_DEMO_DIR=$(DEMO_DIR) hack/demo.sh
 
 .PHONY: demo-down
 demo-down: ## Stop the demo's operator and control plane
-	-[ -f .cluster/operator.pid ] && kill "$$(cat .cluster/operator.pid)" 2>/dev/null; rm -f .cluster/operator.pid
-	$(PY) tests/support/localcluster.py down --dir .cluster
+	PDMTP_DEMO_DIR=$(DEMO_DIR) hack/demo.sh down
 
 # ---- tests --------------------------------------------------------------------------------------
 

@@ -1,16 +1,41 @@
 #!/usr/bin/env bash
 # The local demo: a control plane with fake GPU nodes, the operator, a PDDeployment reconciled to
 # Available, then an MTP change rolled out as a paired rollout. Leaves everything running.
+#
+#   hack/demo.sh          run it (`make demo`)
+#   hack/demo.sh down     stop the operator and the control plane, and wait until they are gone
+#                         (`make demo-down`)
+#
+# PDMTP_DEMO_DIR (default .cluster) holds its state: the control plane's, the kubeconfig, the
+# operator's pid, ports and log. The test tier runs this same script against a directory of its
+# own (tests/cluster/test_demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STATE=.cluster
+STATE=$(realpath -m "${PDMTP_DEMO_DIR:-.cluster}")
 VENV=${VENV:-.venv}
 BIN_DIR="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests/support"); import localcluster; print(localcluster.default_bin_dir())')"
 KUBECTL="$BIN_DIR/kubectl"
-export KUBECONFIG="$PWD/$STATE/kubeconfig"
+export KUBECONFIG="$STATE/kubeconfig"
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+operator_pid() { # the demo's operator, if it is still running
+  local pid
+  pid=$(cat "$STATE/operator.pid" 2>/dev/null) && kill -0 "$pid" 2>/dev/null && echo "$pid"
+}
+
+if [[ ${1:-} == down ]]; then
+  if pid=$(operator_pid); then
+    kill "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    echo "operator (pid $pid) stopped"
+  fi
+  rm -f "$STATE/operator.pid" "$STATE/operator.ports"
+  "$VENV/bin/python" tests/support/localcluster.py down --dir "$STATE"
+  exit 0
+fi
 
 step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, KWOK) on 127.0.0.1"
 if "$VENV/bin/python" tests/support/localcluster.py status --dir "$STATE" >/dev/null 2>&1; then
@@ -20,20 +45,22 @@ else
 fi
 "$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.allocatable.nvidia\.com/gpu,READY:.status.conditions[?(@.type=="Ready")].status'
 
-step "CRD"
+step "CRDs"
 "$KUBECTL" apply -f crds/pdmtp.io_pddeployments.yaml -f crds/pdmtp.io_pdrolescales.yaml
-"$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io crd/pdrolescales.pdmtp.io \
-  --timeout=60s
+KUBECTL=$KUBECTL hack/wait-crds.sh --timeout 60 pddeployments.pdmtp.io pdrolescales.pdmtp.io
 
 step "Operator (log: $STATE/operator.log)"
-if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
-  echo "already running (pid $(cat "$STATE/operator.pid"))"
+if pid=$(operator_pid); then
+  echo "already running (pid $pid)"
 else
+  # Ports of its own on loopback, so that a second demo (the test tier's) does not collide.
+  read -r metrics_port health_port < <("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests/support"); from loopback import free_ports; print(*free_ports(2))')
   nohup "$VENV/bin/pdmtp" run --namespace default --kubeconfig "$KUBECONFIG" \
-    --resync-seconds 5 --metrics-address 127.0.0.1 --metrics-port 19090 \
-    --health-listen 127.0.0.1:18081 >"$STATE/operator.log" 2>&1 &
+    --resync-seconds 5 --metrics-address 127.0.0.1 --metrics-port "$metrics_port" \
+    --health-listen "127.0.0.1:$health_port" >"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"
-  echo "pid $(cat "$STATE/operator.pid"); metrics on http://127.0.0.1:19090/metrics"
+  echo "$metrics_port $health_port" >"$STATE/operator.ports"
+  echo "pid $(cat "$STATE/operator.pid"); metrics on http://127.0.0.1:$metrics_port/metrics"
 fi
 
 step "Validate and apply samples/demo.yaml"
@@ -54,7 +81,8 @@ for _ in $(seq 1 120); do
   [ "$reason" = RolloutComplete ] && [ "$current" = "$target" ] && break
   sleep 2
 done
-[ "$current" = "$target" ] || { echo "rollout did not complete; see $STATE/operator.log" >&2; exit 1; }
+[ "$reason" = RolloutComplete ] && [ "$current" = "$target" ] ||
+  { echo "rollout did not complete; see $STATE/operator.log" >&2; exit 1; }
 
 step "Rolled out"
 "$KUBECTL" get pdd,deploy,pods -o wide
@@ -65,5 +93,5 @@ cat <<MSG
 Everything is still running:
   export KUBECONFIG=$KUBECONFIG
   $KUBECTL get pdd -w
-Stop it all with:  make demo-down
+Stop it all with:  make demo-down$([[ $STATE == "$PWD/.cluster" ]] || echo " DEMO_DIR=$STATE")
 MSG

@@ -275,7 +275,7 @@ install_pdmtp() {
   # As deploy/kustomization.yaml says to install (the cluster tier applies deploy/ the same way,
   # under the same field manager, so neither apply conflicts with the other).
   "$KUBECTL" apply --server-side -k "$overlay"
-  "$KUBECTL" wait --for=condition=Established crd/pddeployments.pdmtp.io --timeout=60s
+  KUBECTL=$KUBECTL hack/wait-crds.sh --timeout 60 pddeployments.pdmtp.io pdrolescales.pdmtp.io
   "$KUBECTL" -n pdmtp-system rollout status deploy/pdmtp-operator --timeout=180s
 }
 step "pdmtp: kubectl apply -k deploy/ with $OPERATOR_IMAGE"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -122,12 +123,21 @@ def operator_rolled_out(kind: Kind) -> None:
     )
 
 
+def crds_served(kind: Kind) -> None:
+    """hack/wait-crds.sh, as the install steps use it: `kubectl wait --for=condition=Established`
+    fails at once on a CRD whose status the API server has not written yet."""
+    subprocess.run(
+        [str(REPO / "hack" / "wait-crds.sh"), "--timeout", "60", *CRDS],
+        env={**os.environ, "KUBECTL": kind.kubectl_bin, "KUBECONFIG": str(kind.kubeconfig)},
+        check=True,
+        timeout=90,
+    )
+
+
 def install_kustomize(kind: Kind, overlay: Path) -> None:
     """What hack/kind-e2e.sh's install_pdmtp does (deploy/kustomization.yaml's install)."""
     kind.kubectl("apply", "--server-side", "-k", str(overlay), timeout=180)
-    kind.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRDS[0]}", "--timeout=60s", timeout=90
-    )
+    crds_served(kind)
     operator_rolled_out(kind)
 
 
