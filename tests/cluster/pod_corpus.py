@@ -1,4 +1,6 @@
-"""The pod-field corpus (issue 21): bad pod settings, each with the layer that refuses it.
+"""The admission corpus: bad pod settings (issue 21) and specs that parse but cannot work as
+written (issue 29: autoscaling, the band's arithmetic, rendered objects, credentials in args, the
+canary's budget), each with the layer that refuses it, and valid neighbours accepted by all.
 
 `schema` and `CEL`: the CRD (Kubernetes' core/v1 schemas, list-map keys, our rules) refuses it at
 `kubectl apply`, and `pdmtp validate` refuses it offline, both with `words`. `webhook`: only the
@@ -247,6 +249,224 @@ CASES = [
     ),
 ]
 
+
+# ---- issue 29: fields that must make sense, not only parse
+def at(path: str, value: Any) -> Callable[[Doc], None]:
+    """Set a dotted path of the spec (parents created)."""
+
+    def change(d: Doc) -> None:
+        *parents, last = path.split(".")
+        node = d
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = copy.deepcopy(value)
+
+    return change
+
+
+def both(*changes: Callable[[Doc], None]) -> Callable[[Doc], None]:
+    def change(d: Doc) -> None:
+        for each in changes:
+            each(d)
+
+    return change
+
+
+def decode_scaling(**fields: Any) -> Callable[[Doc], None]:
+    return at("spec.autoscaling", {"decode": {"minReplicas": 1, "maxReplicas": 4, **fields}})
+
+
+TOKENS = {"signal": "decodeTokensPerSecondPerPod", "value": 2000}
+MOUNT_WORDS = "mountPath must be absolute and normalised"
+
+
+def mount_at(path: str) -> Callable[[Doc], None]:
+    return pod(
+        volumes=[{"name": "data", **EMPTY}], volumeMounts=[{"name": "data", "mountPath": path}]
+    )
+
+
+def no_speculation(d: Doc) -> None:
+    del d["spec"]["speculative"]
+
+
+CASES += [
+    Case(
+        "autoscaling targets given but empty",
+        decode_scaling(targets=[]),
+        "CEL",
+        "spec.autoscaling.<role>.targets is empty",
+    ),
+    Case(
+        "kvCacheUsage target as a percent (80)",
+        decode_scaling(targets=[{"signal": "kvCacheUsage", "value": 80}]),
+        "CEL",
+        "kvCacheUsage is a fraction of the KV cache (0..1",
+    ),
+    Case(
+        "expectedAcceptanceLength 3.5 with numSpeculativeTokens 3",
+        decode_scaling(targets=[TOKENS], expectedAcceptanceLength=3.5),
+        "CEL",
+        "it cannot exceed the decode role's numSpeculativeTokens",
+    ),
+    Case(
+        "expectedAcceptanceLength 2.5 above the decode role's own k (2, its override)",
+        both(
+            role("prefill", speculative={"numSpeculativeTokens": 2}),
+            role("decode", speculative={"numSpeculativeTokens": 2}),
+            decode_scaling(targets=[TOKENS], expectedAcceptanceLength=2.5),
+        ),
+        "CEL",
+        "it cannot exceed the decode role's numSpeculativeTokens",
+    ),
+    Case(
+        "expectedAcceptanceLength equal to k (3)",
+        decode_scaling(targets=[TOKENS], expectedAcceptanceLength=3),
+        "accepted",
+        "",
+    ),
+    Case(
+        "decodeTokensPerSecondPerPod on the prefill role",
+        at(
+            "spec.autoscaling",
+            {
+                "prefill": {
+                    "minReplicas": 1,
+                    "maxReplicas": 2,
+                    "targets": [TOKENS],
+                    "expectedAcceptanceLength": 1.5,
+                }
+            },
+        ),
+        "CEL",
+        "which a prefill pod never moves",
+    ),
+    Case(
+        "decodeTokensPerSecondPerPod without spec.speculative",
+        both(no_speculation, decode_scaling(targets=[TOKENS], expectedAcceptanceLength=1.5)),
+        "CEL",
+        "an engine without speculative decoding (spec.speculative unset) does not export",
+    ),
+    Case(
+        "staleAfterSeconds 20 below intervalSeconds 30",
+        both(
+            decode_scaling(),
+            at("spec.autoscaling.intervalSeconds", 30),
+            at("spec.autoscaling.staleAfterSeconds", 20),
+        ),
+        "CEL",
+        "spec.autoscaling.staleAfterSeconds must be greater than intervalSeconds",
+    ),
+    Case(
+        "a band reached exactly (7 prefill : 100 decode at ratio.min 0.07; 7.000000000000001 "
+        "in binary floating point)",
+        both(
+            role("prefill", replicas=7),
+            at(
+                "spec.autoscaling",
+                {
+                    "decode": {"minReplicas": 100, "maxReplicas": 100},
+                    "ratio": {"min": 0.07, "max": 1},
+                },
+            ),
+        ),
+        "accepted",
+        "",
+    ),
+    Case(
+        "engine requests above limits (cpu 4 > 2)",
+        role("decode", resources={"requests": {"cpu": "4"}, "limits": {"cpu": 2}}),
+        "CEL",
+        "resources.requests must not exceed resources.limits",
+    ),
+    Case(
+        "router requests above limits (memory 2Gi > 1Gi)",
+        at("spec.router.resources", {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}),
+        "CEL",
+        "resources.requests must not exceed resources.limits",
+    ),
+    Case(
+        "a GPU on the router",
+        at("spec.router.resources", {"limits": {"nvidia.com/gpu": 1}}),
+        "CEL",
+        "spec.router.resources must not ask for nvidia.com/gpu",
+    ),
+    Case(
+        "8Ei of memory (unschedulable, not invalid)",
+        role("decode", resources={"requests": {"memory": "8Ei"}, "limits": {"memory": "8Ei"}}),
+        "accepted",
+        "",
+    ),
+    Case("a mount at //models", mount_at("//models"), "CEL", MOUNT_WORDS),
+    Case("a mount at /cache/../models", mount_at("/cache/../models"), "CEL", MOUNT_WORDS),
+    Case("a mount at /", mount_at("/"), "CEL", MOUNT_WORDS),
+    Case("a mount at /data/ (a trailing slash)", mount_at("/data/"), "accepted", ""),
+    Case(
+        "a mount of the weights volume with no pvc or image source",
+        pod(volumeMounts=[{"name": "model", "mountPath": "/weights"}]),
+        "CEL",
+        "names the operator's volume 'model'",
+    ),
+    Case(
+        "an image source's subPath with ..",
+        at("spec.model.source", {"image": {"reference": "example.com/w:1", "subPath": "../etc"}}),
+        "CEL",
+        "spec.model.source.image.subPath is a relative path inside the volume, without '..'",
+    ),
+    Case(
+        "a pvc source's subPath a..b (a name, not a '..' segment)",
+        at("spec.model.source", {"pvc": {"claimName": "weights", "subPath": "a..b"}}),
+        "accepted",
+        "",
+    ),
+    Case(
+        "a nodeSelector value with a final newline",
+        role("decode", nodeSelector={"rack": "a\n"}),
+        "CEL",
+        "nodeSelector values must be label values",
+    ),
+    Case(
+        "emptyDir sizeLimit with a final newline",
+        pod(volumes=[{"name": "data", "emptyDir": {"sizeLimit": "1Gi\n"}}]),
+        "schema",
+        "spec.pod.volumes[0].emptyDir.sizeLimit",
+    ),
+    Case(
+        "--api-key in a role's extraArgs",
+        role("prefill", extraArgs=["--api-key", "sk-123"]),
+        "CEL",
+        "extraArgs must not carry credentials",
+    ),
+    Case(
+        "--hf-token=... in spec.engine.extraArgs",
+        at("spec.engine", {"extraArgs": ["--hf-token=hf_abc"]}),
+        "CEL",
+        "extraArgs must not carry credentials",
+    ),
+    Case(
+        "--max-num-batched-tokens in extraArgs (no credential word)",
+        role("decode", extraArgs=["--max-num-batched-tokens=8192"]),
+        "accepted",
+        "",
+    ),
+    Case(
+        "a 50% canary with maxSurge 0 on one-pod roles",
+        at("spec.rollout", {"maxSurge": 0, "maxUnavailable": 1, "canary": {"percent": 50}}),
+        "CEL",
+        "spec.rollout.canary: with maxSurge 0 the new and the old revision share",
+    ),
+    Case(
+        "a 50% canary with maxSurge 0 on two-pod roles",
+        both(
+            role("prefill", replicas=2),
+            role("decode", replicas=2),
+            at("spec.rollout", {"maxSurge": 0, "maxUnavailable": 1, "canary": {"percent": 50}}),
+        ),
+        "accepted",
+        "",
+    ),
+]
+
 REFUSED_BY = {
     "schema": "`kubectl apply`: the CRD's schema (core/v1)",
     "CEL": "`kubectl apply`: the CRD's CEL rule",
@@ -261,9 +481,10 @@ def table() -> str:
         "<!-- Generated by tests/cluster/pod_corpus.py; tests/unit/test_pod_corpus.py checks "
         "it. -->",
         "",
-        "# Pod-field admission corpus",
+        "# Admission corpus: pod fields and the spec's sense",
         "",
-        "Each bad pod setting, who refuses it, and the words every refusal contains. "
+        "Each bad pod setting (issue 21) or spec that cannot work as written (issue 29), who "
+        "refuses it, and the words every refusal contains; rows accepted by all draw the line. "
         "tests/cluster/test_pod_admission.py proves each row against a real API server "
         "(`kubectl apply --dry-run=server`, with and without the webhook; `pdmtp validate` "
         "and `pdmtp validate --server`). `pdmtp validate --server` refuses every row "

@@ -24,6 +24,34 @@ def test_the_corpus_holds_the_issues_cases() -> None:
         assert needle in names, needle
 
 
+def test_the_corpus_holds_a_row_per_class_of_issue_29() -> None:
+    names = " ".join(c.name for c in CASES)
+    classes = (
+        "targets given but empty",
+        "kvCacheUsage target as a percent",
+        "above the decode role's own k",
+        "on the prefill role",
+        "without spec.speculative",
+        "staleAfterSeconds 20 below intervalSeconds",
+        "a band reached exactly",
+        "engine requests above limits",
+        "router requests above limits",
+        "a GPU on the router",
+        "8Ei of memory",
+        "//models",
+        "/cache/../models",
+        "a mount at / ",
+        "weights volume with no pvc or image source",
+        "image source's subPath",
+        "final newline",
+        "--api-key",
+        "--hf-token",
+        "canary with maxSurge 0 on one-pod roles",
+    )
+    for needle in classes:
+        assert needle in names + " ", needle
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_offline_verdict_matches_the_row(case: Case) -> None:
     verdict = validate(doc(case))
