@@ -6,6 +6,7 @@ stale metrics, and takes a new count in the middle of a paired rollout without b
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -204,6 +205,10 @@ def test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_sc
             seen=seen,
         )
         assert scaling_of(obj, "decode")["decidingSignal"] == "kvCacheUsage"
+        # The README's jsonpath reads that role's reason (kubectl's JSONPath filter dialect).
+        path = '{.status.autoscaling.roles[?(@.name=="decode")].reason}'
+        reason = kubectl(cluster, "-n", namespace, "get", "pdd", name, "-o", f"jsonpath={path}")
+        assert re.match(r"decode (scale up \d+ -> 4|hold at 4): ", reason), reason
         wait_for(
             lambda: ready_pods(api, namespace, name, "decode") == 4,
             "4 Ready decode pods",
@@ -242,6 +247,10 @@ def test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_sc
         if e.involved_object.name == name
     ]
     assert "AutoscaledUp" in reasons and "AutoscaledDown" in reasons
+    listed = kubectl(
+        cluster, "-n", namespace, "get", "events", "--field-selector", "reason=AutoscaledUp"
+    )
+    assert f"pddeployment/{name}" in listed and "AutoscaledUp" in listed, listed
     metrics = operator.metrics()
     key = f'name="{name}",namespace="{namespace}",role="decode"'
     assert metrics.get(f"pdmtp_autoscaler_desired_replicas{{{key}}}") == 1.0, [

@@ -4,6 +4,7 @@ its own ServiceAccount token (not an admin certificate), its metrics scraped on 
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -28,6 +29,18 @@ CRD, GUARD = "pddeployments.pdmtp.io", "pdmtp-crd-deletion-guard"
 def installed(cluster: Cluster) -> Iterator[None]:
     done = kubectl(cluster, "apply", "--server-side", "-k", str(REPO / "deploy"))
     assert done.returncode == 0, done.stderr
+    # The README's next step: wait until the API server serves the new kinds.
+    binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
+    served = subprocess.run(
+        ["hack/wait-crds.sh", CRD, "pdrolescales.pdmtp.io"],
+        cwd=REPO,
+        env={**os.environ, "KUBECTL": str(binary), "KUBECONFIG": str(cluster.kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert served.returncode == 0, served.stdout + served.stderr
+    assert f"customresourcedefinition/{CRD} served" in served.stdout, served.stdout
     dry = kubectl(cluster, "apply", "--server-side", "-k", str(REPO / "deploy"), "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
     yield

@@ -5,6 +5,7 @@ the `pdmtp rollout` commands where a user would."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -218,6 +219,12 @@ def test_a_canary_holds_at_its_share_until_promoted(
     assert held["status"] == "Unknown" and "50%" in held["message"]
     time.sleep(4)  # held means held
     assert progressing(cluster, namespace, "canary", "CanaryHold", 1)
+    # The README's `pdmtp rollout status demo --timeout 60` during the hold says why it waits.
+    waiting = cli(cluster, namespace, "status", "canary", "--timeout", "2")
+    assert waiting.returncode == 1, waiting.stdout + waiting.stderr
+    first_line = waiting.stdout.splitlines()[0]
+    assert first_line == f"Waiting for rollout of canary to finish: CanaryHold: {held['message']}"
+    assert f"canary: revision {new}" in first_line and "50%" in first_line, first_line
     done = cli(cluster, namespace, "promote", "canary")
     assert done.returncode == 0 and new in done.stdout, done.stderr
     assert (
@@ -284,6 +291,20 @@ def test_undo_returns_to_a_recorded_revision(
     assert history.returncode == 0 and first in history.stdout and second in history.stdout, (
         history.stdout
     )
+    # The same through kubectl, which runs the kubectl-pdmtp plugin it finds on PATH.
+    kubectl = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
+    plugin = subprocess.run(
+        [str(kubectl), "pdmtp", "rollout", "history", "undo", "-n", namespace],
+        env={
+            **os.environ,
+            "PATH": f"{PDMTP.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(cluster.kubeconfig),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert plugin.returncode == 0 and plugin.stdout == history.stdout, plugin.stderr
     done = cli(cluster, namespace, "undo", "undo", "--to-revision", "1")
     assert done.returncode == 0 and first in done.stdout, done.stderr
     obj = wait_for(
@@ -297,6 +318,20 @@ def test_undo_returns_to_a_recorded_revision(
         90,
     )
     assert obj["spec"]["speculative"]["numSpeculativeTokens"] == 3
+    # Without --to-revision: back to the previous one (the README's `pdmtp rollout undo demo`).
+    done = cli(cluster, namespace, "undo", "undo")
+    assert done.returncode == 0 and second in done.stdout, done.stdout + done.stderr
+    obj = wait_for(
+        lambda: (
+            (o := get_pdd(cluster.api_client, namespace, "undo"))
+            and settled(o)
+            and o["status"]["currentRevision"] == second
+            and o
+        ),
+        "back at the second revision",
+        90,
+    )
+    assert obj["spec"]["speculative"]["numSpeculativeTokens"] == 2
     bad = cli(cluster, namespace, "undo", "undo", "--to-revision", "99")
     assert bad.returncode == 1 and "no revision 99" in bad.stderr
 
