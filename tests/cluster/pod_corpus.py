@@ -35,7 +35,7 @@ class Case:
     name: str
     change: Callable[[Doc], None]
     layer: str
-    """schema, CEL, webhook or accepted."""
+    """schema, CEL, rule (pdmtp's own check, which CEL cannot express), webhook or accepted."""
     words: str
     """Text every refusal contains (offline, kubectl apply or the webhook, validate --server)."""
 
@@ -374,6 +374,19 @@ CASES += [
         "",
     ),
     Case(
+        "a band whose interval meets the bounds but no whole pair does (1 prefill : 2-3 decode "
+        "in [0.4, 0.45])",
+        at(
+            "spec.autoscaling",
+            {
+                "decode": {"minReplicas": 2, "maxReplicas": 3},
+                "ratio": {"min": 0.4, "max": 0.45},
+            },
+        ),
+        "rule",
+        "no prefill and decode counts within the roles' minReplicas",
+    ),
+    Case(
         "engine requests above limits (cpu 4 > 2)",
         role("decode", resources={"requests": {"cpu": "4"}, "limits": {"cpu": 2}}),
         "CEL",
@@ -470,6 +483,7 @@ CASES += [
 REFUSED_BY = {
     "schema": "`kubectl apply`: the CRD's schema (core/v1)",
     "CEL": "`kubectl apply`: the CRD's CEL rule",
+    "rule": "the webhook: pdmtp's own check (CEL cannot loop over the counts)",
     "webhook": "the webhook's dry run of the children",
     "accepted": "nothing: Kubernetes accepts it too",
 }
@@ -495,7 +509,8 @@ def table() -> str:
         "|---|---|---|---|---|---|",
     ]
     for i, case in enumerate(CASES, start=1):
-        offline = "refused (exit 2)" if case.layer in ("schema", "CEL") else "accepted (exit 0)"
+        refused_offline = case.layer in ("schema", "CEL", "rule")
+        offline = "refused (exit 2)" if refused_offline else "accepted (exit 0)"
         server = "accepted (exit 0)" if case.layer == "accepted" else "refused (exit 2)"
         words = f"`{case.words}`" if case.words else ""
         lines.append(
