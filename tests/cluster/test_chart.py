@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pdmtp
 import pytest
 from builders import pdd
 from chart import ALLOW_DELETE, CHART, KEEP, HelmError, helm_binary, run_helm
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE = "pdmtp"
 CRDS = ("pddeployments.pdmtp.io", "pdrolescales.pdmtp.io")
 GUARD = "pdmtp-crd-deletion-guard"
+REGISTRY = "registry.example.com/pdmtp-operator"  # the README's $REG/pdmtp-operator
 
 
 class Helm:
@@ -184,6 +186,13 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_purge_removes_them(
     assert read(rbac.read_cluster_role_binding, "pdmtp-operator") is None
     status = json.loads(helm("status", RELEASE, "-o", "json"))
     assert (status["version"], status["info"]["status"]) == (2, "deployed")
+    # The README's upgrade, `--reuse-values` alone: the values set so far stay.
+    helm("upgrade", RELEASE, chart, "--reuse-values")
+    again = apps.read_namespaced_deployment("pdmtp-operator", namespace).spec.template.spec
+    assert again.containers[0].args == args.containers[0].args
+    assert again.containers[0].image == "pdmtp-operator:dev"
+    status = json.loads(helm("status", RELEASE, "-o", "json"))
+    assert (status["version"], status["info"]["status"]) == (3, "deployed")
 
     # 3. The guard is in force (admission dry run: nothing is deleted).
     refused = wait_for(
@@ -210,7 +219,11 @@ def test_install_upgrade_uninstall_keeps_the_crds_and_purge_removes_them(
 
     # 5. Purge: install again (the kept objects are still the release's), crds.keep=false,
     #    uninstall. The CRDs consent to deletion, and their PDDeployments go with them.
-    helm("install", RELEASE, chart, "--set", "image.tag=dev")
+    #    The install as the README writes it: a registry's repository, the tag defaulting to the
+    #    chart's appVersion (= pdmtp's version).
+    helm("install", RELEASE, chart, "--create-namespace", "--set", f"image.repository={REGISTRY}")
+    image = apps.read_namespaced_deployment("pdmtp-operator", namespace).spec.template.spec
+    assert image.containers[0].image == f"{REGISTRY}:{pdmtp.__version__}"
     helm("upgrade", RELEASE, chart, "--reuse-values", "--set", "crds.keep=false")
     for name in CRDS:
         meta = crd_metadata(api, name)
