@@ -1,0 +1,446 @@
+"""Every command README.md shows a user, and the test that runs it (or why none can, here).
+
+A command is a line of a fenced `sh` block (continuations joined, the trailing comment dropped),
+a `$ ` line of a `console` block, or inline code that starts with `make <target>`, `pdmtp <sub>`,
+`kubectl`, `helm`, `kustomize`, `docker`, `export` or a `hack/` script (optionally after
+`VAR=value` assignments). Placeholders are spelt one way: `$REG` -> `<REG>`, `NAME` -> `<NAME>`.
+
+`REGISTRY` maps each to the pytest node ids that run it (the same binary, subcommand and flags on
+the same kind of input; `how` says where a test differs) or to `why_not`, the reason it cannot run
+on this machine and what runs instead. tests/unit/test_readme_commands.py fails when README.md
+shows a command the registry lacks, when the registry names a command README.md no longer shows
+or a test that does not exist, and when docs/readme-commands.md is not `table()`:
+
+    .venv/bin/python tests/unit/readme_commands.py > docs/readme-commands.md
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+
+_FENCE = re.compile(r"^```(\S*)\s*$")
+_INLINE = re.compile(r"`([^`\n]+)`")
+_ASSIGNMENTS = r"(?:[A-Z_][A-Z0-9_]*=\S+ )*"
+_INLINE_COMMAND = re.compile(
+    _ASSIGNMENTS + r"(?:make [a-z]|pdmtp (?:-|[a-z])|kubectl |helm |kustomize |docker |export "
+    r"|hack/\S+\.(?:sh|py)\b)"
+)
+_PLACEHOLDERS = ("NAME", "FILE", "OLD", "NEW", "ADDR", "PORT", "S", "N")
+
+
+def _strip_comment(line: str) -> str:
+    """The line without a trailing `# comment` (a `#` outside quotes, after a blank)."""
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i]
+    return line
+
+
+def normalise(command: str) -> str:
+    """One spelling per command: blanks collapsed, `$VAR` and bare placeholders as `<VAR>`."""
+    out = " ".join(command.split())
+    out = re.sub(r"\$\{?([A-Z][A-Z0-9_]*)\}?", r"<\1>", out)
+    words = "|".join(_PLACEHOLDERS)
+    return re.sub(rf"(?<![\w<$=./-])({words})(?![\w=>])", r"<\1>", out)
+
+
+def extract(text: str) -> list[str]:
+    """README.md's commands, normalised, each once, in order of first appearance."""
+    found: list[str] = []
+    fence: str | None = None
+    pending = ""
+    for line in text.splitlines():
+        opened = _FENCE.match(line)
+        if opened:
+            fence = None if fence is not None else opened.group(1)
+            pending = ""
+            continue
+        if fence in ("sh", "bash", "shell"):
+            code = _strip_comment(pending + line).rstrip()
+            if code.endswith("\\"):
+                pending = code[:-1] + " "
+                continue
+            pending = ""
+            if code.strip():
+                found.append(code)
+        elif fence == "console":
+            if line.startswith("$ "):
+                found.append(line[2:])
+        elif fence is None:
+            found += [c for c in _INLINE.findall(line) if _INLINE_COMMAND.match(c)]
+    return list(dict.fromkeys(normalise(c) for c in found))
+
+
+def readme_commands() -> list[str]:
+    return extract(README.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A command some tests run. `how`: where they differ from the README's line, if at all."""
+
+    tests: tuple[str, ...]
+    how: str = ""
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A command no test can run on this machine, and what runs in its place."""
+
+    why_not: str
+
+
+@dataclass(frozen=True)
+class ByMake:
+    """A command `make test` (what .ci/run runs) runs itself: a tier, a lint step or a build.
+    `evidence`: a file and the text in it that makes it so (the unit test checks it is there)."""
+
+    how: str
+    evidence: tuple[str, str]
+
+
+Entry = Run | NotRun | ByMake
+
+CLUSTER = "tests/cluster"
+DEMO = f"{CLUSTER}/test_demo.py::test_make_demo_then_demo_down"
+WALK = f"{CLUSTER}/test_readme_walkthrough.py"
+APPLY_GET = f"{WALK}::test_a_pddeployment_file_applied_listed_watched_and_described"
+SNAPSHOT = f"{WALK}::test_the_corev1_snapshot_is_what_the_pinned_api_server_serves"
+EXAMPLES = "tests/unit/test_readme_examples.py"
+INSTALL = f"{CLUSTER}/test_install.py::test_deleting_the_crd_is_refused_until_annotated"
+CHART = (
+    f"{CLUSTER}/test_chart.py::test_install_upgrade_uninstall_keeps_the_crds_and_purge_removes_them"
+)
+ROLL = f"{CLUSTER}/test_rollout_control.py"
+CANARY = f"{ROLL}::test_a_canary_holds_at_its_share_until_promoted"
+UNDO = f"{ROLL}::test_undo_returns_to_a_recorded_revision"
+PAUSE = f"{ROLL}::test_pause_freezes_a_rollout_and_resume_finishes_it"
+AUTOSCALE = f"{CLUSTER}/test_autoscaling.py"
+ELASTIC = (
+    f"{AUTOSCALE}::"
+    "test_load_scales_both_roles_up_within_the_band_holds_on_stale_metrics_and_scales_down"
+)
+EXTERNAL = f"{AUTOSCALE}::test_kubectl_scale_on_an_external_roles_scale_endpoint_changes_that_role"
+CREATE = f"{CLUSTER}/test_operator.py::test_create_becomes_available_matching_render"
+UPGRADE = "tests/e2e/test_upgrade.py"
+OPERATOR_IMAGE = "tests/images/test_operator_image.py"
+NO_DOCKER = (
+    "no Docker engine and no registry on this machine; the images tier builds the same "
+    "Dockerfile with podman on locally built bases (tests/support/build_images.py, `make images`) "
+    "and runs the image"
+)
+
+
+def _tier(target: str, what: str) -> ByMake:
+    return ByMake(f"a step of `make test`: {what}", ("Makefile", target))
+
+
+REGISTRY: dict[str, Entry] = {
+    # ---- Two commands
+    "make demo": Run((DEMO,), "runs `make demo DEMO_DIR=<tmp>`: the demo's state in its own dir"),
+    "make demo DEMO_DIR=/tmp/demo2": Run((DEMO,), "with DEMO_DIR a temporary directory"),
+    "make test": ByMake(
+        "what CI runs (.ci/run); a test cannot run the suite it belongs to (~58 min)",
+        (".ci/run", "exec make test"),
+    ),
+    "kubectl get pdd,deploy,pods": Run((DEMO,), "hack/demo.sh runs it (with -o wide)"),
+    "export KUBECONFIG=...": Run(
+        (DEMO,), "the test asserts the line `make demo` prints and reads the cluster through it"
+    ),
+    "make demo-down": Run((DEMO,), "then asserts nothing the demo started still runs"),
+    "make chart-check": ByMake(
+        "a prerequisite of `make lint`, which `make test` runs first",
+        ("Makefile", "chart-check"),
+    ),
+    "make test-unit": _tier("test-unit", "the unit tier"),
+    "make test-router": _tier("test-router", "the router tier"),
+    "make test-cluster": _tier("test-cluster", "the cluster tier"),
+    "kubectl scale": Run((EXTERNAL,), "`kubectl scale pdrolescale <name>-decode --replicas=4`"),
+    "make test-engine": _tier("test-engine", "the engine tier"),
+    "make test-pd-cpu": _tier("test-pd-cpu", "the CPU P/D tier"),
+    "pdmtp render": Run(
+        (
+            "tests/unit/test_cli.py::test_render_prints_every_child",
+            f"{EXAMPLES}::test_validate_and_render_the_production_sample",
+        )
+    ),
+    "make test-images": _tier("test-images", "the images tier"),
+    "make kind-e2e": _tier("kind-e2e", "the kind tier"),
+    "make test-keda": _tier("test-keda", "the KEDA test, last"),
+    "hack/prebuild.sh": ByMake(
+        "`make test` runs the tiers under hack/with-prebuild.sh, which starts it in the background",
+        ("hack/with-prebuild.sh", "hack/prebuild.sh"),
+    ),
+    # ---- Install on a real cluster: 1. images
+    "set -a && . ./versions.env && set +a": Run(
+        (f"{EXAMPLES}::test_the_image_build_variables",),
+        "in bash from the repository root; the engine's build args come out exported",
+    ),
+    "docker build --build-arg VLLM_VERSION --build-arg MOONCAKE_VERSION "
+    "-t <REG>/pdmtp-engine:0.33.0 images/engine": NotRun(
+        f"{NO_DOCKER}: tests/images/test_engine_image.py (its build args from versions.env)"
+    ),
+    "docker build -t <REG>/pdmtp-router:0.1.17 images/router": NotRun(
+        f"{NO_DOCKER}: tests/images/test_router_image.py"
+    ),
+    "VERSION=$(sed -n 's/^version = \"\\(.*\\)\"/\\1/p' pyproject.toml)": Run(
+        (f"{EXAMPLES}::test_the_image_build_variables",),
+        "in bash from the repository root: VERSION is pdmtp's own version",
+    ),
+    "docker build -f images/operator/Dockerfile --build-arg PDMTP_VERSION=<VERSION> "
+    "-t <REG>/pdmtp-operator:<VERSION> .": NotRun(
+        f"{NO_DOCKER}, with the build arg PDMTP_VERSION and the tag :<VERSION>: "
+        f"{OPERATOR_IMAGE}::test_the_image_carries_the_release_version"
+    ),
+    "docker push <REG>/pdmtp-engine:0.33.0 <REG>/pdmtp-router:0.1.17 "
+    "<REG>/pdmtp-operator:<VERSION>": NotRun(
+        "no registry reachable from this machine (loopback only); the kind tier loads the "
+        "podman-built images into the node instead (hack/kind-e2e.sh)"
+    ),
+    # 2. install
+    "cd deploy/operator && kustomize edit set image pdmtp-operator=<REG>/pdmtp-operator:<VERSION>"
+    " && cd -": NotRun(
+        "no kustomize binary here (kubectl embeds kustomize's build, not its `edit`); the kind "
+        "tier installs deploy/ through an overlay whose `images:` entry is what `kustomize edit "
+        "set image` writes (hack/kind-e2e.sh install_pdmtp, tests/e2e/test_upgrade.py)"
+    ),
+    "kubectl apply --server-side -k deploy/": Run(
+        (
+            INSTALL,
+            f"{UPGRADE}::test_1_kustomize_upgrade_from_the_previous_release_touches_no_workload",
+        ),
+        "test_install.py's `installed` fixture applies deploy/ itself; kind: an overlay of "
+        "deploy/ that only swaps the operator image",
+    ),
+    "hack/wait-crds.sh pddeployments.pdmtp.io pdrolescales.pdmtp.io": Run(
+        (INSTALL, DEMO),
+        "test_install.py's `installed` fixture runs it right after the kubectl install; "
+        "hack/demo.sh after applying crds/ (with --timeout)",
+    ),
+    # 3. check and apply
+    "pdmtp validate samples/full.yaml": Run((f"{EXAMPLES}::test_validate_the_full_sample",)),
+    "kubectl apply -f samples/full.yaml": Run(
+        (APPLY_GET,), "the sample with metadata.namespace set to the test's namespace"
+    ),
+    "kubectl wait --for=condition=Available pdd/inkling -n serving --timeout=30m": Run(
+        (CREATE, DEMO),
+        "on pdd/demo (--timeout=20s; the demo's 180s): samples/full.yaml as written never "
+        "becomes Available on fake nodes (an H200 nodeSelector), as the README says to edit it",
+    ),
+    "kubectl get pdd -n serving": Run(
+        (APPLY_GET,), "in the test's namespace; the header is the README comment's columns"
+    ),
+    # 4. change the MTP config
+    "pdmtp plan --from samples/full.yaml --to new.yaml": Run(
+        (f"{EXAMPLES}::test_plan_from_the_full_sample_to_a_changed_mtp_config",),
+        "new.yaml: the sample with numSpeculativeTokens 2",
+    ),
+    "kubectl apply -f new.yaml && kubectl get pdd -n serving -w": Run(
+        (APPLY_GET,), "the watch read until it shows the applied change, then stopped"
+    ),
+    "kubectl describe pdd inkling -n serving": Run((APPLY_GET,), "with the operator's events"),
+    # ---- Install with Helm
+    "make lint": _tier("lint", "first"),
+    "helm template": Run(
+        ("tests/unit/test_chart.py::test_defaults_watch_every_namespace_with_one_cluster_binding",),
+        "`helm template pdmtp charts/pdmtp -n pdmtp-system` (tests/support/chart.py)",
+    ),
+    "kubectl kustomize deploy/": ByMake(
+        "hack/chart-check.py (`make chart-check`, in `make lint`) compares it with helm template",
+        ("hack/chart-check.py", '"kustomize"'),
+    ),
+    "helm install pdmtp charts/pdmtp -n pdmtp-system --create-namespace "
+    "--set image.repository=<REG>/pdmtp-operator": Run(
+        (CHART,),
+        "its purge step installs with these flags in the test's namespace and checks the tag "
+        "defaults to the chart's appVersion",
+    ),
+    "helm upgrade pdmtp charts/pdmtp -n pdmtp-system --reuse-values --set logLevel=debug": Run(
+        (CHART,), "with --force-conflicts and a second --set (after the kubectl install)"
+    ),
+    "helm upgrade": Run((CHART,)),
+    "make generate": Run(
+        (f"{EXAMPLES}::test_make_generate_in_a_scratch_copy",),
+        "the target run in a scratch directory holding what it writes; the result equals the tree",
+    ),
+    "make verify": Run((f"{EXAMPLES}::test_make_verify",)),
+    "helm uninstall": Run((CHART,)),
+    "helm upgrade pdmtp charts/pdmtp -n pdmtp-system --reuse-values --set crds.keep=false": Run(
+        (CHART, f"{UPGRADE}::test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything")
+    ),
+    "helm uninstall pdmtp -n pdmtp-system": Run(
+        (CHART, f"{UPGRADE}::test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything"),
+        "the cluster test adds --wait",
+    ),
+    "kubectl apply -k deploy/": Run(
+        (INSTALL,), "server-side, as the install step and deploy/kustomization.yaml say"
+    ),
+    "helm install --take-ownership": Run((CHART,), "with --force-conflicts, as the README says"),
+    # ---- Upgrade
+    "pdmtp --version": Run(
+        (
+            f"{EXAMPLES}::test_version_prints_the_project_version",
+            f"{OPERATOR_IMAGE}::test_the_image_carries_the_release_version",
+        )
+    ),
+    "helm upgrade pdmtp charts/pdmtp -n pdmtp-system --reuse-values": Run(
+        (CHART, f"{UPGRADE}::test_3_helm_upgrade_from_the_previous_release_touches_no_workload"),
+        "the cluster test: exactly, after its other upgrade; kind: from the previous release's "
+        "chart, the image set instead of --reuse-values",
+    ),
+    "kubectl apply": Run((APPLY_GET,)),
+    # ---- Uninstall
+    "kubectl delete -k deploy/operator/": Run(
+        (
+            INSTALL,
+            f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",
+        ),
+        "the cluster test with --dry-run=server; kind: for real, on the overlay of deploy/operator",
+    ),
+    "kubectl delete crd pddeployments.pdmtp.io": Run(
+        (
+            INSTALL,
+            f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",
+        ),
+        "refused by the guard: the cluster test with --dry-run=server (admission runs), "
+        "kind for real",
+    ),
+    "kubectl annotate crd pddeployments.pdmtp.io pdrolescales.pdmtp.io "
+    "pdmtp.io/allow-delete=true": Run(
+        (f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",),
+        "with --overwrite; the cluster tier's test_install annotates one CRD and dry-runs "
+        "the delete",
+    ),
+    "kubectl delete -k deploy/": Run(
+        (f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",),
+        "kind: on the overlay of deploy/ that swaps the operator image, with --ignore-not-found",
+    ),
+    # ---- Health, admission, kind
+    "pdmtp run --webhook-listen <ADDR>:<PORT> --webhook-manage": Run(
+        (f"{CLUSTER}/test_webhook.py::test_incompatible_spec_is_refused_at_admission",),
+        "the harness's OperatorProcess(webhook=True) on 127.0.0.1",
+    ),
+    "pdmtp validate <FILE>": Run(
+        (
+            "tests/unit/test_cli.py::test_samples_validate",
+            f"{EXAMPLES}::test_validate_the_full_sample",
+        )
+    ),
+    "hack/corev1-snapshot.py": Run(
+        (SNAPSHOT,), "with --kubeconfig (the session's API server) and --output to a scratch file"
+    ),
+    "pdmtp validate --server <FILE>": Run(
+        (
+            f"{CLUSTER}/test_pod_admission.py::test_the_crd_and_validate_refuse",
+            f"{CLUSTER}/test_pod_admission.py::test_without_the_webhook_the_crd_stores_it",
+        ),
+        "with --kubeconfig and -n",
+    ),
+    "hack/kind/build-node-image.sh": ByMake(
+        "`make kind-e2e` (hack/kind-e2e.sh) builds the node image with it",
+        ("hack/kind-e2e.sh", "NODE_IMAGE=$(hack/kind/build-node-image.sh)"),
+    ),
+    "KIND_E2E_RUNTIME=docker hack/kind-e2e.sh": NotRun(
+        "no Docker engine and no registry here (the README says this path has not been run); "
+        "`make kind-e2e` runs the same script and tests on podman"
+    ),
+    "pdmtp validate": Run(("tests/unit/test_cli.py::test_samples_validate",)),
+    "pdmtp plan": Run(("tests/unit/test_cli.py::test_plan_prints_the_paired_roll",)),
+    # ---- Rollouts
+    "kubectl pdmtp rollout ...": Run(
+        (UNDO,), "`kubectl pdmtp rollout history`: kubectl finds the kubectl-pdmtp plugin on PATH"
+    ),
+    "pdmtp rollout status <NAME> [--timeout <S>]": Run((CANARY, PAUSE)),
+    "pdmtp rollout pause <NAME>": Run((PAUSE,), "and `resume`"),
+    "pdmtp rollout promote <NAME>": Run((CANARY,)),
+    "pdmtp rollout history <NAME>": Run((UNDO,)),
+    "pdmtp rollout undo <NAME> [--to-revision <N>]": Run((UNDO,)),
+    "pdmtp plan --from <OLD> --to <NEW> [--fail-after <S>]": Run(
+        (
+            "tests/unit/test_cli.py::test_plan_prints_the_paired_roll",
+            f"{EXAMPLES}::test_plan_with_fail_after_prints_the_rollback",
+        )
+    ),
+    "pdmtp rollout promote": Run((CANARY,)),
+    "pdmtp plan --from samples/demo.yaml --to new.yaml": Run(
+        (f"{EXAMPLES}::test_plan_of_the_canary_example_on_the_demo",),
+        "new.yaml: k=2 and canary 50%; checks what the README says it prints",
+    ),
+    "kubectl apply -f new.yaml": Run((APPLY_GET, DEMO)),
+    "pdmtp rollout status demo --timeout 60": Run(
+        (CANARY,), "--timeout 2 during the hold (the README's 60 would only wait longer)"
+    ),
+    "pdmtp rollout promote demo": Run((CANARY,), "on its PDDeployment `canary`"),
+    "pdmtp rollout status demo": Run((CANARY,), "with --timeout, so that a failure ends"),
+    "pdmtp rollout undo demo": Run((UNDO,), "without --to-revision: back to the previous one"),
+    # ---- Autoscaling
+    "kubectl get pdd demo -o jsonpath="
+    "'{.status.autoscaling.roles[?(@.name==\"decode\")].reason}'": Run(
+        (ELASTIC,), "on its PDDeployment `elastic`, once decode has scaled up"
+    ),
+    "kubectl get events --field-selector reason=AutoscaledUp": Run((ELASTIC,)),
+    "kubectl scale pdrolescale demo-decode --replicas 4": Run((EXTERNAL,), "--replicas=4"),
+    # ---- Network policy
+    "kubectl label namespace monitoring pdmtp.io/metrics-scraper=true": Run(
+        (
+            "tests/e2e/test_network_policy.py::test_1_only_its_engines_routers_and_scrapers_reach_the_engine_ports",
+        ),
+        "kind: a scraper namespace labelled so",
+    ),
+    # ---- Local Kubernetes without Docker
+    "make cluster-up": Run(
+        (DEMO,),
+        "hack/demo.sh runs the target's own command (tests/support/localcluster.py up --dir) "
+        "on DEMO_DIR; the target itself writes .cluster/ in the tree (no directory variable)",
+    ),
+    "export KUBECONFIG=<PWD>/.cluster/kubeconfig": Run(
+        (DEMO,), "the kubeconfig that `localcluster.py up` writes, in DEMO_DIR"
+    ),
+    "make cluster-down": Run((DEMO,), "likewise: `localcluster.py down --dir` through demo-down"),
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table() -> str:
+    """docs/readme-commands.md: each README command and what runs it."""
+    lines = [
+        "<!-- Generated by tests/unit/readme_commands.py; "
+        "tests/unit/test_readme_commands.py checks it. -->",
+        "<!-- Regenerate: .venv/bin/python tests/unit/readme_commands.py "
+        "> docs/readme-commands.md -->",
+        "",
+        "# README commands and the tests that run them",
+        "",
+        "Every command README.md shows (fenced `sh`/`console` blocks and inline commands, "
+        "placeholders as `<NAME>`), and the test that runs it, the `make test` step that does, "
+        "or why nothing can on this machine. A README command missing here fails the unit tier.",
+        "",
+        "| # | command | run by | how / why not |",
+        "|---|---|---|---|",
+    ]
+    for i, (command, entry) in enumerate(REGISTRY.items(), 1):
+        if isinstance(entry, Run):
+            by, how = "<br>".join(f"`{t}`" for t in entry.tests), entry.how
+        elif isinstance(entry, ByMake):
+            by, how = "`make test`", f"{entry.how} ({entry.evidence[0]})"
+        else:
+            by, how = "not run here", entry.why_not
+        lines.append(f"| {i} | `{_cell(command)}` | {_cell(by)} | {_cell(how)} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table(), end="")
