@@ -337,7 +337,9 @@ REGISTRY: dict[str, Entry] = {
         )
     ),
     "hack/corev1-snapshot.py": Run(
-        (SNAPSHOT,), "with --kubeconfig (the session's API server) and --output to a scratch file"
+        (SNAPSHOT,),
+        "as written (its own control plane), in a scratch tree holding the script, so that "
+        "the corev1.json it writes lands there; equal to the committed one",
     ),
     "pdmtp validate --server <FILE>": Run(
         (
