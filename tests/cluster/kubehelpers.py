@@ -54,11 +54,14 @@ def wait_for(
         time.sleep(interval)
 
 
-def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+def kubectl(
+    cluster: Cluster, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """The cluster's own kubectl (the local control plane's build, else PATH's), unchecked."""
     binary = cluster.local.bin_dir / "kubectl" if cluster.local else Path("kubectl")
     return subprocess.run(
         [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=120,

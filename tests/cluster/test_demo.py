@@ -53,9 +53,9 @@ def demo_processes(demo_dir: Path) -> dict[str, int]:
     for name, (pid, started) in recorded.items():
         try:
             proc = psutil.Process(pid)
-            if started is None or abs(proc.create_time() - started) < 1:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    alive[name] = pid
+            ours = started is None or abs(proc.create_time() - started) < 1
+            if ours and proc.status() != psutil.STATUS_ZOMBIE:
+                alive[name] = pid
         except psutil.NoSuchProcess:
             continue
     return alive
