@@ -229,6 +229,9 @@ REGISTRY: dict[str, Entry] = {
     ),
     # 3. check and apply
     "pdmtp validate samples/full.yaml": Run((f"{EXAMPLES}::test_validate_the_full_sample",)),
+    "kubectl create namespace serving": Run(
+        (APPLY_GET,), "the namespace fixture creates the test's namespace through the API"
+    ),
     "kubectl apply -f samples/full.yaml": Run(
         (APPLY_GET,), "the sample with metadata.namespace set to the test's namespace"
     ),
