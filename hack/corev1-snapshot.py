@@ -114,13 +114,14 @@ def fetch(kubeconfig: Path | None) -> tuple[dict[str, Any], str]:
         api = config.new_client_from_config(config_file=str(kubeconfig))
         if not is_loopback_url(api.configuration.host):
             raise SystemExit(f"{kubeconfig}: {api.configuration.host} is not loopback")
-        raw = api.call_api(
-            "/openapi/v3/api/v1", "GET", _preload_content=False, auth_settings=["BearerToken"]
-        )
-        version = api.call_api(
-            "/version", "GET", _preload_content=False, auth_settings=["BearerToken"]
-        )
-        return json.loads(raw[0].data), json.loads(version[0].data)["gitVersion"]
+
+        def get(path: str) -> Any:
+            method, url, headers, _, _ = api.param_serialize(
+                "GET", path, auth_settings=["BearerToken"]
+            )
+            return json.loads(api.call_api(method, url, header_params=headers).read())
+
+        return get("/openapi/v3/api/v1"), get("/version")["gitVersion"]
     with tempfile.TemporaryDirectory(prefix="pdmtp-openapi-") as tmp:
         cluster = LocalCluster(Path(tmp), nodes=0, die_with_parent=True)
         cluster.start()
@@ -146,7 +147,10 @@ def main() -> int:
     args.output.write_text(
         json.dumps(snapshot(document, version), indent=1, sort_keys=False) + "\n"
     )
-    print(f"wrote {args.output.relative_to(REPO)} ({version})")
+    output = args.output.resolve()
+    print(
+        f"wrote {output.relative_to(REPO) if output.is_relative_to(REPO) else output} ({version})"
+    )
     return 0
 
 
