@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from pdmtp import __version__, yamlread
-from pdmtp.api import reasons
+from pdmtp.api import crd, reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.crd import crd_yaml
 from pdmtp.api.v1alpha1 import PDDeployment
@@ -46,15 +46,11 @@ def load_documents(path: str) -> list[Any]:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
         raise UnusableInput(f"{path}: cannot read: {e.strerror}") from e
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UnusableInput(f"{path}: not UTF-8 text (byte {e.start}): not a YAML file") from e
-    if "\x00" in text:
+    if b"\x00" in raw:
         raise UnusableInput(f"{path}: contains NUL bytes: not a YAML file")
     warnings: list[str] = []
     try:
-        docs = yamlread.read_stream(text, warnings)
+        docs = yamlread.read_bytes(raw, warnings)
     except yamlread.ReadError as e:
         where = "" if e.line is None else f" at line {e.line}"
         raise UnusableInput(f"{path}: not valid YAML{where}: {e.message}") from e
@@ -83,6 +79,17 @@ def parse(doc: Any, source: str) -> PDDeployment:
         raise UnusableInput(f"{source}: {'; '.join(field_problems(e))}") from e
 
 
+@functools.cache
+def _schema() -> dict[str, Any]:
+    return crd.openapi_schema()
+
+
+def as_stored(doc: Any) -> Any:
+    """A PDDeployment document as the API server takes it in: nulls of known fields dropped
+    (pdmtp.yamlread.drop_nulls: `replicas: ~` is `replicas` left out, defaulted)."""
+    return yamlread.drop_nulls(doc, _schema()) if isinstance(doc, dict) else doc
+
+
 def _json_type(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
@@ -99,7 +106,7 @@ def load_one(path: str) -> PDDeployment:
     docs = load_documents(path)
     if len(docs) != 1:
         raise UnusableInput(f"{path}: expected one PDDeployment, found {len(docs)} documents")
-    return parse(docs[0], path)
+    return parse(as_stored(docs[0]), path)
 
 
 # ---- validate ---------------------------------------------------------------------------------
@@ -152,14 +159,15 @@ def validate_file(path: str) -> list[FileVerdict]:
     verdicts = []
     for i, doc in enumerate(docs):
         source = path if len(docs) == 1 else f"{path}#{i + 1}"
+        stored = as_stored(doc)
         try:
-            parse(doc, source)
+            parse(stored, source)
         except UnusableInput as e:
             verdicts.append(
                 FileVerdict(source, EXIT_UNUSABLE, None, None, (Problem(INVALID, str(e)),))
             )
             continue
-        verdict = validate(doc)
+        verdict = validate(stored)
         assert verdict.pdd is not None and verdict.agreement is not None
         code = EXIT_COMPATIBLE if verdict.compatible else EXIT_INCOMPATIBLE
         revision = revision_of(verdict.agreement.settings) if verdict.compatible else None

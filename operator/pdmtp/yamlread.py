@@ -11,8 +11,9 @@ here:
 2. sigs.k8s.io/yaml reads each piece with its fork of go-yaml v2 into untyped values and turns
    them into JSON: go-yaml v2's scalar resolution (booleans yes/no/on/off/y/n, integers in Go's
    base-prefixed syntax with `_` dropped, floats such as `1e3`, `.5`; timestamps stay strings;
-   `1:30` is a string; `!!binary` is decoded), merge keys, aliases, a duplicate key silently replacing the earlier value (here: warned); map
-   keys become strings; NaN and infinities cannot be JSON.
+   `1:30` is a string; `!!binary` is decoded), merge keys, aliases, a duplicate key silently
+   replacing the earlier value (warned here); map keys become strings; NaN and infinities
+   cannot be JSON.
 3. kubectl decodes that JSON into an unstructured object: a number written without `.`/`e` that
    fits int64 is an integer, any other number a float64, and sends it on. Go writes an integral
    float below 1e21 with no `.`, so `2.0` reaches the API server as the integer 2.
@@ -786,6 +787,20 @@ def looks_like_json(text: str) -> bool:
     return text[:JSON_PREFIX_WINDOW].lstrip().startswith("{")
 
 
+def read_bytes(data: bytes, warnings: list[str] | None = None) -> list[Any]:
+    """A file's bytes as kubectl reads them: JSON takes bytes that are not UTF-8 (Go's decoder
+    writes U+FFFD for each inside a string; outside one they are a syntax error either way);
+    YAML refuses them, as go-yaml's reader does."""
+    if looks_like_json(data[:JSON_PREFIX_WINDOW].decode("utf-8", errors="replace")):
+        return read_stream(go_string(data), warnings)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ReadError(f"not UTF-8 text (byte {e.start}): not a YAML file", line) from None
+    return read_stream(text, warnings)
+
+
 def read_stream(text: str, warnings: list[str] | None = None) -> list[Any]:
     """Every object kubectl would send for this file's text, in order; empty and null documents
     are skipped, as kubectl skips them. Raises ReadError. A duplicate key is no error (kubectl
@@ -815,6 +830,32 @@ def _flatten(value: Any) -> list[Any]:
                 "apiVersion": value.get("apiVersion"),
             }
         out.append(item)
+    return out
+
+
+# ---- what the API server does with null ----------------------------------------------------------
+
+
+def drop_nulls(value: Any, schema: dict[str, Any]) -> Any:
+    """`value` as a custom resource's structural `schema` leaves it before validation: a null map
+    value is dropped unless the schema marks that field nullable (the PDDeployment has no such
+    field), so a default applies as if the key were absent; even under a key the schema does not
+    know, strict field validation then has nothing to refuse (kubectl apply
+    --validate=strict takes `replicaz: ~`). A null list item stays: the schema refuses it."""
+    if isinstance(value, list):
+        items = schema.get("items")
+        return [drop_nulls(v, items if isinstance(items, dict) else {}) for v in value]
+    if not isinstance(value, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value
+    props: dict[str, Any] = schema.get("properties") or {}
+    extra = schema.get("additionalProperties")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        sub = props.get(key, extra if isinstance(extra, dict) else {})
+        if item is not None:
+            out[key] = drop_nulls(item, sub)
+        elif sub.get("nullable"):
+            out[key] = item
     return out
 
 

@@ -4,7 +4,8 @@ Every case is a whole file. `sends` is what kubectl v1.36 (the local control pla
 the API server for it, one JSON object per document, as observed with `kubectl label --local -o
 json` (no cluster) and `kubectl create --dry-run=client -o json -f FILE`; or `Refused(words)`,
 kubectl's own words when it refuses the file. A duplicate key is no refusal: kubectl keeps the
-last value and says nothing (go-yaml v2, not strict); `pdmtp validate` does the same and warns. pdmtp.yamlread must give the same objects (tests/unit/test_yaml_read.py), and
+last value and says nothing (go-yaml v2, not strict); `pdmtp validate` does the same and warns.
+pdmtp.yamlread must give the same objects (tests/unit/test_yaml_read.py), and
 tests/cluster/test_yaml_kubectl.py feeds every file to the real kubectl and compares.
 
     .venv/bin/python tests/cluster/yaml_corpus.py      # the markdown section

@@ -207,3 +207,17 @@ def test_the_pure_python_parser_reads_alike(case: Case, monkeypatch: pytest.Monk
         assert isinstance(pure, str)
     else:
         assert typed(pure) == typed(with_libyaml)
+
+
+@pytest.mark.parametrize(
+    ("written", "code"),
+    [("~", 0), ("", 0), ("null", 0), ("[~]", 2)],
+)
+def test_a_null_is_a_field_left_out(
+    written: str, code: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server drops a null map value before validation (nothing in the schema is
+    nullable): `replicas: ~` is the default replica count; a null list item is refused
+    (tests/cluster/test_yaml_kubectl.py shows the API server doing both)."""
+    got, out = run(tmp_path, spec_yaml(**{"spec.prefill.replicas": written}), capsys)
+    assert got == code, out
