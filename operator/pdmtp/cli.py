@@ -414,9 +414,10 @@ def _simulate(
         return 3
     print(format_trace(trace, revisions))
     status = "completed" if trace.complete else "did not complete"
-    what = "Rollback" if args.fail_after is not None else "Paired rollout"
+    rollback = args.fail_after is not None
+    what, old, new = ("Rollback", target, start) if rollback else ("Paired rollout", start, target)
     print(
-        f"{what} {start.revision} -> {target.revision} {status} in "
+        f"{what} {old.revision} -> {new.revision} {status} in "
         f"{len(trace.steps)} steps (maxSurge {policy.max_surge}, maxUnavailable "
         f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 and 8 "
         "held at every step."

@@ -102,6 +102,7 @@ def test_plan_with_fail_after_prints_the_rollback(tmp_path: Path) -> None:
     old, rev = revision("samples/demo.yaml"), revision(new)
     assert f"{rev} fails" in done.stdout and f"rolling back to {old}" in done.stdout
     assert f"retire {rev}" in done.stdout
+    assert f"Rollback {rev} -> {old} completed" in done.stdout  # from the failed revision back
 
 
 def test_the_image_build_variables() -> None:
