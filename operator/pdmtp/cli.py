@@ -65,7 +65,7 @@ def parse(doc: Any, source: str) -> PDDeployment:
     """A PDDeployment from one YAML document, or UnusableInput naming every bad field."""
     if not isinstance(doc, dict):
         raise UnusableInput(f"{source}: expected a PDDeployment object, got {_json_type(doc)}")
-    not_json = yamlread.json_problems(doc)
+    not_json = yamlread.json_problems(doc) or _metadata_problems(doc.get("metadata"))
     if not_json:
         raise UnusableInput(f"{source}: {'; '.join(not_json)}")
     if doc.get("kind") != "PDDeployment" or doc.get("apiVersion") != "pdmtp.io/v1alpha1":
@@ -88,6 +88,44 @@ def as_stored(doc: Any) -> Any:
     """A PDDeployment document as the API server takes it in: nulls of known fields dropped
     (pdmtp.yamlread.drop_nulls: `replicas: ~` is `replicas` left out, defaulted)."""
     return yamlread.drop_nulls(doc, _schema()) if isinstance(doc, dict) else doc
+
+
+_META_STRINGS = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion")
+_META_FIELDS = frozenset(
+    (
+        *_META_STRINGS,
+        *("generation", "deletionGracePeriodSeconds", "creationTimestamp", "deletionTimestamp"),
+        *("labels", "annotations", "ownerReferences", "finalizers", "managedFields"),
+    )
+)
+
+
+def _metadata_problems(meta: Any) -> list[str]:
+    """What the API server's strict decoding of ObjectMeta refuses before any schema: a field
+    ObjectMeta does not have, or a value of the wrong JSON type (pdmtp's own model reads only
+    the fields it uses and lets the rest through)."""
+    if not isinstance(meta, dict):
+        return [] if meta is None else [f"metadata: must be an object (got {_json_type(meta)})"]
+    out = []
+    for key, value in meta.items():
+        where = f"metadata.{key}"
+        if key not in _META_FIELDS:
+            out.append(f"{where}: unknown field")
+        elif key in (*_META_STRINGS, "creationTimestamp", "deletionTimestamp"):
+            if not isinstance(value, str):
+                out.append(f"{where}: must be a string (got {_json_type(value)})")
+        elif key in ("generation", "deletionGracePeriodSeconds"):
+            if isinstance(value, bool) or not isinstance(value, int):
+                out.append(f"{where}: must be an integer (got {_json_type(value)})")
+        elif key in ("labels", "annotations"):
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                out.append(f"{where}: must be a map of strings")
+        elif key == "finalizers":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                out.append(f"{where}: must be a list of strings")
+        elif not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            out.append(f"{where}: must be a list of objects")
+    return out
 
 
 def _json_type(value: Any) -> str:

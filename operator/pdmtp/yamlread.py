@@ -788,17 +788,10 @@ def looks_like_json(text: str) -> bool:
 
 
 def read_bytes(data: bytes, warnings: list[str] | None = None) -> list[Any]:
-    """A file's bytes as kubectl reads them: JSON takes bytes that are not UTF-8 (Go's decoder
-    writes U+FFFD for each inside a string; outside one they are a syntax error either way);
-    YAML refuses them, as go-yaml's reader does."""
-    if looks_like_json(data[:JSON_PREFIX_WINDOW].decode("utf-8", errors="replace")):
-        return read_stream(go_string(data), warnings)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise ReadError(f"not UTF-8 text (byte {e.start}): not a YAML file", line) from None
-    return read_stream(text, warnings)
+    """A file's bytes as kubectl reads them. Bytes that are not UTF-8 are no error, in JSON or
+    YAML: each becomes U+FFFD in what kubectl sends (go-yaml v2 passes them through, Go's JSON
+    writes U+FFFD); control characters are refused, as go-yaml refuses them."""
+    return read_stream(go_string(data), warnings)
 
 
 def read_stream(text: str, warnings: list[str] | None = None) -> list[Any]:

@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, settings
 from pdmtp import admission
 from pdmtp.cli import main
 from pdmtp.kube import load_client
-from pdmtp.yamlread import ReadError
+from pdmtp.yamlread import ReadError, read_bytes
 from specfuzz import Spec, specs
 
 SPECS = int(os.environ.get("PDMTP_DIFF_SPECS", "400"))
@@ -81,7 +81,32 @@ def narrowed(spec: Spec) -> str | None:
     for name, pattern in NARROWED:
         if any(pattern.match(note) for note in spec.notes):
             return name
+    if _indivisible_k(spec):
+        return "F2 numSpeculativeTokens above mtpModules and not a multiple is not refused"
     return None
+
+
+def _indivisible_k(spec: Spec) -> bool:
+    """F2: a numSpeculativeTokens (spec-wide or a role's) above a declared mtpModules and not a
+    multiple of it: offline incompatible (exit 1), the API server stores it."""
+    try:
+        docs = read_bytes(spec.data)
+        s = docs[0]["spec"]
+        modules = s["model"]["mtpModules"]
+        ks = [s["speculative"]["numSpeculativeTokens"]]
+        ks += [
+            s[r]["speculative"]["numSpeculativeTokens"]
+            for r in ("prefill", "decode")
+            if isinstance(s.get(r), dict)
+            and isinstance(s[r].get("speculative"), dict)
+            and "numSpeculativeTokens" in s[r]["speculative"]
+        ]
+    except (ReadError, LookupError, TypeError):
+        return False
+    ints = [k for k in ks if isinstance(k, int) and not isinstance(k, bool)]
+    return (
+        isinstance(modules, int) and modules > 0 and any(k > modules and k % modules for k in ints)
+    )
 
 
 def offline(path: Path, *extra: str) -> tuple[int, str]:

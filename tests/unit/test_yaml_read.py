@@ -221,3 +221,32 @@ def test_a_null_is_a_field_left_out(
     (tests/cluster/test_yaml_kubectl.py shows the API server doing both)."""
     got, out = run(tmp_path, spec_yaml(**{"spec.prefill.replicas": written}), capsys)
     assert got == code, out
+
+
+@pytest.mark.parametrize(
+    ("meta", "words"),
+    [
+        ("  Spec: 1\n", "metadata.Spec: unknown field"),
+        ("  metadata: {}\n", "metadata.metadata: unknown field"),
+        ("  labels: {a: 1}\n", "metadata.labels: must be a map of strings"),
+        ("  generation: x\n", "metadata.generation: must be an integer"),
+    ],
+)
+def test_metadata_is_decoded_strictly(
+    meta: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The API server's strict decoding refuses what ObjectMeta does not have (found by the
+    differential test: `metadata.Spec` was let through)."""
+    text = spec_yaml().replace("metadata:\n", "metadata:\n" + meta, 1)
+    code, out = run(tmp_path, text, capsys)
+    assert code == 2 and words in out, out
+
+
+def test_bytes_that_are_not_utf8_are_read_as_kubectl_reads_them() -> None:
+    """go-yaml passes them through and Go's JSON writes U+FFFD for each (kubectl v1.36.3)."""
+    data = b"apiVersion: v1\nkind: ConfigMap\nprobe: a\xe0!b\nk\xd0\xe4: 1\n"
+    assert yamlread.read_bytes(data) == [
+        {"apiVersion": "v1", "kind": "ConfigMap", "probe": "a\ufffd!b", "k\ufffd\ufffd": 1}
+    ]
+    with pytest.raises(ReadError, match="control characters"):
+        yamlread.read_bytes(b"probe: a\x08b\n")
