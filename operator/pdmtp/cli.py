@@ -453,9 +453,11 @@ def _simulate(
     print(format_trace(trace, revisions))
     status = "completed" if trace.complete else "did not complete"
     rollback = args.fail_after is not None
-    what, old, new = ("Rollback", target, start) if rollback else ("Paired rollout", start, target)
+    what, source, dest = (
+        ("Rollback", target, start) if rollback else ("Paired rollout", start, target)
+    )
     print(
-        f"{what} {old.revision} -> {new.revision} {status} in "
+        f"{what} {source.revision} -> {dest.revision} {status} in "
         f"{len(trace.steps)} steps (maxSurge {policy.max_surge}, maxUnavailable "
         f"{policy.max_unavailable}, drainSeconds {policy.drain_seconds}); invariants 2-5 and 8 "
         "held at every step."
