@@ -144,6 +144,24 @@ CASES = [
         exit_code=1,
     ),
     Case(
+        "eagle without a draft model",
+        setter("spec.speculative", {"method": "eagle", "numSpeculativeTokens": 2}),
+        "spec.speculative.method drafts with a separate model",
+        exit_code=1,
+    ),
+    Case(
+        "numSpeculativeTokens above mtpModules, not a multiple",
+        setter("spec.speculative.numSpeculativeTokens", 4),  # the base declares 3 modules
+        "must be at most spec.model.mtpModules or a multiple of it",
+        exit_code=1,
+    ),
+    Case(
+        "a role's numSpeculativeTokens above mtpModules, not a multiple",
+        setter("spec.decode.speculative", {"numSpeculativeTokens": 5}),
+        "must be at most spec.model.mtpModules or a multiple of it",
+        exit_code=1,
+    ),
+    Case(
         "rdma without devices",
         setter("spec.kvTransfer", {"protocol": "rdma"}),
         "spec.kvTransfer.deviceNames must list the RDMA devices",

@@ -23,7 +23,7 @@ from pdmtp.api.autoscaling import AUTOSCALING_SPEC_RULES, BAND_REACHABLE_RULE, A
 from pdmtp.api.base import Model, defaulted
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
-from pdmtp.api.methods import SPECULATIVE_METHODS
+from pdmtp.api.methods import DRAFT_MODEL_METHODS, MTP_METHOD_ALIASES, SPECULATIVE_METHODS
 from pdmtp.api.pod import (
     OWNED_ENV_RULE,
     EnvFromSource,
@@ -555,6 +555,42 @@ SPECULATIVE_OVERRIDE_RULE = Rule(
 )
 
 
+def _cel_list(values: frozenset[str]) -> str:
+    return "[" + ", ".join(f"'{value}'" for value in sorted(values)) + "]"
+
+
+DRAFT_MODEL_RULE = Rule(
+    f"!has(self.speculative) || !(self.speculative.method in {_cel_list(DRAFT_MODEL_METHODS)}) "
+    "|| has(self.speculative.draftModel)",
+    "spec.speculative.method drafts with a separate model (eagle, eagle3, draft_model): set "
+    "spec.speculative.draftModel",
+    finding=reasons.DRAFT_MODEL_MISSING,
+)
+
+
+def _cel_role_k(role: str) -> str:
+    return (
+        f"(has(self.{role}.speculative) ? self.{role}.speculative.numSpeculativeTokens : "
+        "self.speculative.numSpeculativeTokens)"
+    )
+
+
+# Per role, not across roles; the lookahead agreement itself (LookaheadMismatch,
+# MTPModulesUnknown) stays the operator's and the webhook's (docs/design.md).
+SPECULATIVE_TOKENS_DIVISIBLE_RULE = Rule(
+    "!has(self.speculative) || !has(self.model.mtpModules) || "
+    f"!(self.speculative.method in {_cel_list(MTP_METHOD_ALIASES)}) || "
+    + " && ".join(
+        f"({k} <= self.model.mtpModules || {k} % self.model.mtpModules == 0)"
+        for k in (_cel_role_k("prefill"), _cel_role_k("decode"))
+    ),
+    "numSpeculativeTokens (spec.speculative's, or a role's own) must be at most "
+    "spec.model.mtpModules or a multiple of it: vLLM refuses more draft tokens than MTP modules "
+    "otherwise",
+    finding=reasons.SPECULATIVE_TOKENS_INDIVISIBLE,
+)
+
+
 def _token_ref(spec: Any) -> bool:
     source = spec.model.source
     return source is not None and source.hub is not None and source.hub.token_secret_ref is not None
@@ -700,6 +736,8 @@ class PDDeploymentSpec(Model):
         TP_DIVISIBLE_RULE,
         MAX_MODEL_LEN_RULE,
         SPECULATIVE_OVERRIDE_RULE,
+        DRAFT_MODEL_RULE,
+        SPECULATIVE_TOKENS_DIVISIBLE_RULE,
         HUB_TOKEN_RULE,
         MOUNTS_RULE,
         WEIGHTS_MOUNT_RULE,

@@ -14,11 +14,13 @@ from pdmtp.api import reasons
 from pdmtp.api.flags import OWNED_FLAGS, owned_flags_in
 from pdmtp.api.methods import DRAFT_MODEL_METHODS
 from pdmtp.api.v1alpha1 import (
+    DRAFT_MODEL_RULE,
     ENGINE_EXTRA_ARGS_RULE,
     MAX_MODEL_LEN_RULE,
     RDMA_DEVICES_RULE,
     ROLE_EXTRA_ARGS_RULE,
     SPECULATIVE_OVERRIDE_RULE,
+    SPECULATIVE_TOKENS_DIVISIBLE_RULE,
     TP_DIVISIBLE_RULE,
     PDDeploymentSpec,
 )
@@ -131,8 +133,7 @@ def _structure_findings(eff: Effective) -> list[Finding]:
         findings.append(
             Finding(
                 reasons.DRAFT_MODEL_MISSING,
-                f"spec.speculative.method {speculative.method} drafts with a separate model: "
-                "set spec.speculative.draftModel",
+                f"{DRAFT_MODEL_RULE.message} (spec.speculative.method is {speculative.method})",
             )
         )
     modules = eff.shared.model.mtp_modules
@@ -143,9 +144,8 @@ def _structure_findings(eff: Effective) -> list[Finding]:
                 findings.append(
                     Finding(
                         reasons.SPECULATIVE_TOKENS_INDIVISIBLE,
-                        f"spec.{role.name} runs numSpeculativeTokens {k} with mtpModules "
-                        f"{modules}: vLLM refuses more draft tokens than MTP modules unless they "
-                        f"are a multiple; use at most {modules} or a multiple of it",
+                        f"{SPECULATIVE_TOKENS_DIVISIBLE_RULE.message} (spec.{role.name} runs "
+                        f"{k} with mtpModules {modules})",
                     )
                 )
     kv = eff.shared.kv_transfer
