@@ -269,6 +269,20 @@ def test_a_scale_down_takes_pods_out_of_routing_before_it_removes_them(
     assert len(leaving) == 3, [e.message for e in leaving]
 
 
+def back_at(cluster: Cluster, namespace: str, revision: str) -> Any:
+    """The `undo` PDDeployment once it has settled at `revision`."""
+    return wait_for(
+        lambda: (
+            (o := get_pdd(cluster.api_client, namespace, "undo"))
+            and settled(o)
+            and o["status"]["currentRevision"] == revision
+            and o
+        ),
+        f"back at revision {revision}",
+        90,
+    )
+
+
 def test_undo_returns_to_a_recorded_revision(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -307,31 +321,11 @@ def test_undo_returns_to_a_recorded_revision(
     assert plugin.returncode == 0 and plugin.stdout == history.stdout, plugin.stderr
     done = cli(cluster, namespace, "undo", "undo", "--to-revision", "1")
     assert done.returncode == 0 and first in done.stdout, done.stderr
-    obj = wait_for(
-        lambda: (
-            (o := get_pdd(cluster.api_client, namespace, "undo"))
-            and settled(o)
-            and o["status"]["currentRevision"] == first
-            and o
-        ),
-        "back at the first revision",
-        90,
-    )
-    assert obj["spec"]["speculative"]["numSpeculativeTokens"] == 3
+    assert back_at(cluster, namespace, first)["spec"]["speculative"]["numSpeculativeTokens"] == 3
     # Without --to-revision: back to the previous one (the README's `pdmtp rollout undo demo`).
     done = cli(cluster, namespace, "undo", "undo")
     assert done.returncode == 0 and second in done.stdout, done.stdout + done.stderr
-    obj = wait_for(
-        lambda: (
-            (o := get_pdd(cluster.api_client, namespace, "undo"))
-            and settled(o)
-            and o["status"]["currentRevision"] == second
-            and o
-        ),
-        "back at the second revision",
-        90,
-    )
-    assert obj["spec"]["speculative"]["numSpeculativeTokens"] == 2
+    assert back_at(cluster, namespace, second)["spec"]["speculative"]["numSpeculativeTokens"] == 2
     bad = cli(cluster, namespace, "undo", "undo", "--to-revision", "99")
     assert bad.returncode == 1 and "no revision 99" in bad.stderr
 

@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 from cluster.kubehelpers import Cluster, kubectl
-from cluster.test_yaml_kubectl import compare, typed
+from cluster.test_yaml_kubectl import compare
+from cluster.yaml_corpus import typed
 from hypothesis import HealthCheck, given, settings
 from pdmtp import admission
 from pdmtp.api import reasons

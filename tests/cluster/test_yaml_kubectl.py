@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from cluster.kubehelpers import Cluster, kubectl
-from cluster.yaml_corpus import CASES, Case, Refused
+from cluster.yaml_corpus import CASES, Case, Refused, typed
 from pdmtp.yamlread import ReadError, read_bytes, read_json_stream
 
 
@@ -50,14 +50,6 @@ def comparable(obj: Any) -> Any:
             return {k: v for k, v in obj.items() if k != "metadata"}
         return {**obj, "metadata": meta}
     return obj
-
-
-def typed(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: typed(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [typed(v) for v in value]
-    return (type(value).__name__, value)
 
 
 def compare(cluster: Cluster, namespace: str, path: Path) -> tuple[Any, Any, str]:

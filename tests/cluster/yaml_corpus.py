@@ -295,6 +295,15 @@ def _strip(obj: dict[str, Any]) -> Any:
     return rest or "(the object)"
 
 
+def typed(value: Any) -> Any:
+    """A value with its JSON type made part of it: 2 and 2.0, 1 and True differ."""
+    if isinstance(value, dict):
+        return {k: typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
 def table() -> str:
     from pdmtp.yamlread import ReadError, read_stream
 

@@ -13,19 +13,10 @@ from typing import Any
 import pytest
 import yaml
 from builders import pdd
-from cluster.yaml_corpus import CASES, Case, Refused, table
+from cluster.yaml_corpus import CASES, Case, Refused, table, typed
 from pdmtp import yamlread
 from pdmtp.cli import main
 from pdmtp.yamlread import ReadError, read_stream
-
-
-def typed(value: Any) -> Any:
-    """A value with its JSON type made part of it: 2 and 2.0, 1 and True differ."""
-    if isinstance(value, dict):
-        return {k: typed(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [typed(v) for v in value]
-    return (type(value).__name__, value)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
