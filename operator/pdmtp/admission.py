@@ -66,32 +66,16 @@ class Refusal:
     name: str
     message: str
 
-    def problem(self) -> Problem:
+    def problem(self, reason: str = reasons.CHILD_REJECTED) -> Problem:
         return Problem(
-            reasons.CHILD_REJECTED,
-            f"the API server would refuse {self.kind}/{self.name}: {self.message}",
+            reason, f"the API server would refuse {self.kind}/{self.name}: {self.message}"
         )
 
 
 def dry_run(api: client.ApiClient, manifest: Mapping[str, Any]) -> Refusal | None:
     """Server-side apply `manifest` with dryRun=All: None if the server would take it."""
     meta = manifest["metadata"]
-    try:
-        response = send(
-            api,
-            "PATCH",
-            path(manifest["kind"], meta["namespace"], meta["name"]),
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true"), ("dryRun", "All")],
-            body=json.dumps(manifest),
-            content_type="application/apply-patch+yaml",
-            timeout=DRY_RUN_TIMEOUT_SECONDS,
-        )
-        response.read()
-    except ApiError as e:
-        if e.status in REFUSED_STATUSES:
-            return Refusal(manifest["kind"], meta["name"], e.message)
-        raise
-    return None
+    return _dry_apply(api, manifest["kind"], meta["namespace"], meta["name"], json.dumps(manifest))
 
 
 def dry_run_object(
@@ -100,18 +84,22 @@ def dry_run_object(
     """Server-side apply these exact bytes (`pdmtp validate --server`: the object the offline
     verdict judged, as pdmtp.yamlread read it) with dryRun=All and fieldValidation=Strict, as
     `kubectl apply --dry-run=server --validate=strict` does: None if the server would take it."""
+    return _dry_apply(api, kind, namespace, name, body.decode("utf-8"), strict=True)
+
+
+def _dry_apply(
+    api: client.ApiClient, kind: str, namespace: str, name: str, body: str, strict: bool = False
+) -> Refusal | None:
+    query = [("fieldManager", FIELD_MANAGER), ("force", "true"), ("dryRun", "All")]
+    if strict:
+        query.append(("fieldValidation", "Strict"))
     try:
         response = send(
             api,
             "PATCH",
             path(kind, namespace, name),
-            query=[
-                ("fieldManager", FIELD_MANAGER),
-                ("force", "true"),
-                ("dryRun", "All"),
-                ("fieldValidation", "Strict"),
-            ],
-            body=body.decode("utf-8"),
+            query=query,
+            body=body,
             content_type="application/apply-patch+yaml",
             timeout=DRY_RUN_TIMEOUT_SECONDS,
         )

@@ -244,12 +244,7 @@ def server_verdicts(
                 api, yamlread.to_json_bytes(doc), v.KIND, namespace, doc["metadata"]["name"]
             )
             problems = (
-                [
-                    Problem(
-                        INVALID,
-                        f"the API server would refuse {v.KIND}/{refusal.name}: " + refusal.message,
-                    )
-                ]
+                [refusal.problem(INVALID)]
                 if refusal is not None
                 else admission.review(api, doc, namespace)
             )

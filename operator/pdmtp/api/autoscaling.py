@@ -24,7 +24,7 @@ from pydantic import ConfigDict, Field
 
 from pdmtp.api.base import Model
 from pdmtp.api.corev1 import ListMap
-from pdmtp.api.rules import Rule, model_rules
+from pdmtp.api.rules import Rule, cel_list, cel_role_k, model_rules
 
 
 class Signal(StrEnum):
@@ -50,12 +50,8 @@ SPEC_DECODE_SIGNALS = (Signal.DECODE_TOKENS_PER_POD,)
 """Signals read off vLLM's spec-decode counters, which only a speculating decode moves."""
 
 
-def _cel_list(values: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{value}'" for value in values) + "]"
-
-
 FRACTION_RULE = Rule(
-    f"!(self.signal in {_cel_list(FRACTION_SIGNALS)}) || self.value <= 1.0",
+    f"!(self.signal in {cel_list(FRACTION_SIGNALS)}) || self.value <= 1.0",
     "spec.autoscaling.<role>.targets: "
     + ", ".join(FRACTION_SIGNALS)
     + " is a fraction of the KV cache (0..1, vllm:kv_cache_usage_perc): write 0.8, not 80",
@@ -289,7 +285,7 @@ def _reads_spec_decode(scaling: RoleAutoscaling | None) -> bool:
 def _cel_reads_spec_decode(scaling: str) -> str:
     return (
         f"has({scaling}) && ((has({scaling}.targets) && {scaling}.targets.exists(t, t.signal in "
-        f"{_cel_list(SPEC_DECODE_SIGNALS)})) || has({scaling}.expectedAcceptanceLength))"
+        f"{cel_list(SPEC_DECODE_SIGNALS)})) || has({scaling}.expectedAcceptanceLength))"
     )
 
 
@@ -370,8 +366,7 @@ ACCEPTANCE_WITHIN_K_RULE = Rule(
     # spec_decode_num_drafts, the bonus token not included): at most k of the k drafted.
     f"!has(self.autoscaling) || !has({_DECODE}) || !has({_DECODE}.expectedAcceptanceLength) || "
     f"!has(self.speculative) || {_DECODE}.expectedAcceptanceLength <= double("
-    "has(self.decode.speculative) ? self.decode.speculative.numSpeculativeTokens : "
-    "self.speculative.numSpeculativeTokens)",
+    f"{cel_role_k('decode')})",
     "spec.autoscaling.decode.expectedAcceptanceLength counts accepted draft tokens per draft "
     "(vLLM's spec_decode_num_accepted_tokens / spec_decode_num_drafts, the bonus token not "
     "included): it cannot exceed the decode role's numSpeculativeTokens (k, "

@@ -5,7 +5,6 @@ never a paired rollout."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -257,7 +256,7 @@ def _mount_path_ok(path: str) -> bool:
         path.startswith("/")
         and path != "/"
         and "//" not in path
-        and re.search(_DOT_SEGMENT.replace("$", r"\Z"), path) is None  # RE2's $ is Python's \Z
+        and not r.found(_DOT_SEGMENT, path)
     )
     return normal and not any(path == p or path.startswith(p + "/") for p in v.RESERVED_MOUNT_PATHS)
 

@@ -16,7 +16,7 @@ so `demo\n` would pass `^[a-z]+$` with `re.match` and fail CEL.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
@@ -164,8 +164,27 @@ def re2(pattern: str) -> str:
     return pattern.replace("\\", "\\\\")
 
 
+def cel_list(values: Iterable[str]) -> str:
+    """A CEL list literal of strings, sorted (a stable CRD whatever the set's order)."""
+    return "[" + ", ".join(f"'{value}'" for value in sorted(values)) + "]"
+
+
+def cel_role_k(role: str) -> str:
+    """CEL for a role's numSpeculativeTokens: its own override, else spec.speculative's."""
+    return (
+        f"(has(self.{role}.speculative) ? self.{role}.speculative.numSpeculativeTokens : "
+        "self.speculative.numSpeculativeTokens)"
+    )
+
+
+def found(pattern: str, value: str) -> bool:
+    """Whether the RE2 `pattern` matches somewhere in `value`, as CEL's `matches` does: Python's
+    `$` also matches before a final newline, RE2's only at the end, so it reads `\\Z` here."""
+    return re.search(pattern.replace("$", r"\Z"), value) is not None
+
+
 DOT_DOT_SEGMENT: Final = r"(^|/)\.\.(/|$)"
-"""A '..' path segment (RE2; in Python, `$` must read `\\Z`)."""
+"""A '..' path segment (RE2; Python checks it with `found`)."""
 
 
 def sub_path_rule(path: str) -> Rule:
@@ -173,10 +192,7 @@ def sub_path_rule(path: str) -> Rule:
     return Rule(
         f"!self.startsWith('/') && !self.matches('{re2(DOT_DOT_SEGMENT)}')",
         f"{path} is a relative path inside the volume, without '..'",
-        lambda value: (
-            not value.startswith("/")
-            and re.search(DOT_DOT_SEGMENT.replace("$", r"\Z"), value) is None
-        ),
+        lambda value: not value.startswith("/") and not found(DOT_DOT_SEGMENT, value),
     )
 
 

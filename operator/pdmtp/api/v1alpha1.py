@@ -11,7 +11,6 @@ Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
@@ -66,7 +65,7 @@ CREDENTIAL_ARG_RULE = Rule(
     "PASSWORD (--api-key, --hf-token) puts its value where anyone who can read the PDDeployment "
     "sees it: use spec.model.source.hub.tokenSecretRef for the hub token, or an env entry with "
     "valueFrom.secretKeyRef (VLLM_API_KEY for --api-key)",
-    lambda arg: re.search(CREDENTIAL_FLAG.replace("$", r"\Z"), arg) is None,
+    lambda arg: not r.found(CREDENTIAL_FLAG, arg),
 )
 ExtraArgs = list[Annotated[str, Field(max_length=1024), Checked(CREDENTIAL_ARG_RULE)]]
 
@@ -555,12 +554,8 @@ SPECULATIVE_OVERRIDE_RULE = Rule(
 )
 
 
-def _cel_list(values: frozenset[str]) -> str:
-    return "[" + ", ".join(f"'{value}'" for value in sorted(values)) + "]"
-
-
 DRAFT_MODEL_RULE = Rule(
-    f"!has(self.speculative) || !(self.speculative.method in {_cel_list(DRAFT_MODEL_METHODS)}) "
+    f"!has(self.speculative) || !(self.speculative.method in {r.cel_list(DRAFT_MODEL_METHODS)}) "
     "|| has(self.speculative.draftModel)",
     "spec.speculative.method drafts with a separate model (eagle, eagle3, draft_model): set "
     "spec.speculative.draftModel",
@@ -568,21 +563,14 @@ DRAFT_MODEL_RULE = Rule(
 )
 
 
-def _cel_role_k(role: str) -> str:
-    return (
-        f"(has(self.{role}.speculative) ? self.{role}.speculative.numSpeculativeTokens : "
-        "self.speculative.numSpeculativeTokens)"
-    )
-
-
 # Per role, not across roles; the lookahead agreement itself (LookaheadMismatch,
 # MTPModulesUnknown) stays the operator's and the webhook's (docs/design.md).
 SPECULATIVE_TOKENS_DIVISIBLE_RULE = Rule(
     "!has(self.speculative) || !has(self.model.mtpModules) || "
-    f"!(self.speculative.method in {_cel_list(MTP_METHOD_ALIASES)}) || "
+    f"!(self.speculative.method in {r.cel_list(MTP_METHOD_ALIASES)}) || "
     + " && ".join(
         f"({k} <= self.model.mtpModules || {k} % self.model.mtpModules == 0)"
-        for k in (_cel_role_k("prefill"), _cel_role_k("decode"))
+        for k in (r.cel_role_k("prefill"), r.cel_role_k("decode"))
     ),
     "numSpeculativeTokens (spec.speculative's, or a role's own) must be at most "
     "spec.model.mtpModules or a multiple of it: vLLM refuses more draft tokens than MTP modules "
