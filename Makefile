@@ -89,8 +89,9 @@ demo-down: ## Stop the demo's operator and control plane
 # ---- tests --------------------------------------------------------------------------------------
 
 .PHONY: test-unit
+# Two workers: the tier is CPU-bound (the 10,000-spec fuzz, the planner's simulations).
 test-unit: venv helm-bin ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
-	PDMTP_HELM="$$(hack/helm/build.sh)" $(PY) -m pytest tests/unit -q
+	PDMTP_HELM="$$(hack/helm/build.sh)" $(PY) -m pytest tests/unit -q -n 2
 
 .PHONY: test-router
 test-router: venv ## Router tier: the pinned vllm-router against emulated engines on loopback
