@@ -202,8 +202,19 @@ EVERY_FIELD: dict[str, Any] = {
         "revisionHistoryLimit": 10,
     },
 }
+# A multi-node decode: its local settings join the compat revision (a group is never rolled in
+# place), so a change to them moves the compat revision as well as the decode's hash.
+MULTI_NODE = copy.deepcopy(EVERY_FIELD)
+MULTI_NODE["metadata"]["name"] = "multi-node"
+MULTI_NODE["spec"]["decode"]["multiNode"] = {
+    "nodes": 2,
+    "layout": "DataParallel",
+    "dataParallelSize": 4,
+    "expertParallel": False,
+    "topologyKey": "example.com/rack",
+}
 SAMPLES = {p.stem: yaml.safe_load(p.read_text()) for p in sorted((REPO / "samples").glob("*.yaml"))}
-SUBJECTS = {**SAMPLES, "every-field": EVERY_FIELD}
+SUBJECTS = {**SAMPLES, "every-field": EVERY_FIELD, "multi-node": MULTI_NODE}
 
 
 def _leaves(value: Any, path: Path_ = ()) -> Iterator[tuple[Path_, Any]]:
@@ -328,16 +339,20 @@ def test_a_mutation_moves_what_its_group_says(
         for k in ("compat", "hash.prefill", "hash.decode", "hash.router")
         if _moved(base, mutated, k)
     }
+    grouped = {r for r in ROLES if "multiNode" in SUBJECTS[subject]["spec"][r]}
     if group == "compat":
         assert "compat" in moved
     elif group == "unhashed":
         assert moved == set()
     elif key.startswith("<role>."):
-        assert moved == {f"hash.{path[0]}"}
+        assert moved - {"compat"} == {f"hash.{path[0]}"}
+        assert ("compat" in moved) == (path[0] in grouped)
     elif key.startswith("router."):
         assert moved == {"hash.router"}
     else:  # spec.pod and spec.placement: both engine roles' pod settings
-        assert moved and moved <= {"hash.prefill", "hash.decode"}
+        assert moved and moved - {"compat"} <= {"hash.prefill", "hash.decode"}
+        grouped_moved = {f"hash.{r}" for r in grouped} & moved
+        assert ("compat" in moved) == bool(grouped_moved)
     # No pod is replaced unless a hash says so: the Deployment controller would roll it outside
     # the paired rollout and its invariants.
     for role in (*ROLES, "router"):

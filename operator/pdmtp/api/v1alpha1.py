@@ -23,6 +23,7 @@ from pdmtp.api.base import Model, defaulted
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.api.methods import DRAFT_MODEL_METHODS, MTP_METHOD_ALIASES, SPECULATIVE_METHODS
+from pdmtp.api.multinode import MAX_GPUS_PER_POD, MultiNodeSpec, gpus_per_pod
 from pdmtp.api.pod import (
     OWNED_ENV_RULE,
     EnvFromSource,
@@ -347,11 +348,54 @@ class RoleKVTransfer(Model):
     )
 
 
+TP_SPLIT_RULE = Rule(
+    "!has(self.multiNode) || self.multiNode.layout != 'TensorParallel' || "
+    "(self.tensorParallelSize * self.pipelineParallelSize) % self.multiNode.nodes == 0",
+    "spec.<role>.multiNode.nodes must divide the role's tensorParallelSize x "
+    "pipelineParallelSize: a TensorParallel group splits those GPUs evenly over its nodes (vLLM: "
+    "the world size must be divisible by --nnodes)",
+    lambda role: (
+        role.multi_node is None
+        or gpus_per_pod(role.multi_node, role.tensor_parallel_size, role.pipeline_parallel_size)[1]
+        == 0
+    ),
+)
+GROUP_GPUS_RULE = Rule(
+    "!has(self.multiNode) || !has(self.multiNode.dataParallelSize) || "
+    "self.multiNode.dataParallelSize / self.multiNode.nodes * self.tensorParallelSize * "
+    f"self.pipelineParallelSize <= {MAX_GPUS_PER_POD}",
+    f"spec.<role>.multiNode: a DataParallel pod holds dataParallelSize / nodes ranks of "
+    f"tensorParallelSize x pipelineParallelSize GPUs each, at most {MAX_GPUS_PER_POD} per pod "
+    "(one node)",
+    lambda role: (
+        role.multi_node is None
+        or gpus_per_pod(role.multi_node, role.tensor_parallel_size, role.pipeline_parallel_size)[0]
+        <= MAX_GPUS_PER_POD
+    ),
+)
+
+
 class RoleSpec(Model):
     """One engine role (prefill or decode)."""
 
+    RULES = (TP_SPLIT_RULE, GROUP_GPUS_RULE)
+    model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
+
     replicas: int = Field(
-        default=1, ge=1, le=1000, description="Engine pods of this role. Scaling is not a rollout."
+        default=1,
+        ge=1,
+        le=1000,
+        description=(
+            "Engine replicas of this role: pods, or with multiNode groups of pods. Scaling is not "
+            "a rollout."
+        ),
+    )
+    multi_node: MultiNodeSpec | None = Field(
+        default=None,
+        description=(
+            "One replica spans several nodes: a gang-scheduled group of pods (needs the "
+            "Kubernetes Workload API, scheduling.k8s.io). Unset: one pod per replica."
+        ),
     )
     tensor_parallel_size: int = Field(
         default=1,

@@ -37,6 +37,11 @@ LABEL_METRICS_SCRAPER: Final = f"{GROUP}/metrics-scraper"
 engines' NetworkPolicy lets it reach their metrics-only port, ENGINE_METRICS_PORT, and nothing
 else. Put it on the operator and on Prometheus."""
 METRICS_SCRAPER_VALUE: Final = "true"
+LABEL_GROUP: Final = f"{GROUP}/group"
+"""On the pods and the PodGroup of one multi-node replica (spec.<role>.multiNode): its id, `g<n>`,
+unique among the (revision, role)'s groups while any object of it exists."""
+LABEL_GROUP_RANK: Final = f"{GROUP}/group-rank"
+"""On a multi-node replica's pod: its node rank, "0" for the leader (the pod the router lists)."""
 
 # Annotations.
 ANNOTATION_ROLE_HASH: Final = f"{GROUP}/role-hash"
@@ -65,6 +70,12 @@ ENV_ROLE: Final = "PDMTP_ROLE"
 ENV_VLLM_HOST_IP: Final = "VLLM_HOST_IP"
 ENV_MOONCAKE_BOOTSTRAP_PORT: Final = "VLLM_MOONCAKE_BOOTSTRAP_PORT"
 ENV_METRICS_PORT: Final = "PDMTP_METRICS_PORT"
+# A multi-node replica's pods: which group, which rank, and where the leader is (its DNS name
+# through the role's headless Service).
+ENV_GROUP: Final = "PDMTP_GROUP"
+ENV_GROUP_RANK: Final = "PDMTP_GROUP_RANK"
+ENV_GROUP_SIZE: Final = "PDMTP_GROUP_SIZE"
+ENV_LEADER_ADDRESS: Final = "PDMTP_LEADER_ADDRESS"
 """Where the engine container serves its metrics-only listener (ENGINE_METRICS_PORT)."""
 # Hugging Face hub settings the operator derives from spec.model.source.
 ENV_HF_TOKEN: Final = "HF_TOKEN"
@@ -92,6 +103,10 @@ ENGINE_METRICS_PORT: Final = 29100
 """The engine's metrics-only listener: GET /metrics (vLLM's, relayed from ENGINE_HTTP_PORT) and
 nothing else, so a NetworkPolicy (L4) can open metrics to scrapers and keep the API closed."""
 ROUTER_HTTP_PORT: Final = 8000
+DP_RPC_PORT: Final = 29550
+"""A DataParallel group's coordinator port on its leader (vLLM's --data-parallel-rpc-port)."""
+MASTER_PORT: Final = 29501
+"""A TensorParallel group's torch.distributed rendezvous on its leader (vLLM's --master-port)."""
 ROUTER_METRICS_PORT: Final = 29000
 
 # Connector the engine image ships (images/engine/pdmtp_engine/connector.py).
@@ -102,6 +117,13 @@ CONNECTOR_MODULE: Final = "pdmtp_engine.connector"
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 RDMA_RESOURCE: Final = "rdma/hca_shared_devices_a"
 """The shared-device RDMA resource (k8s-rdma-shared-dev-plugin's default name)."""
+
+# The Kubernetes Workload API (gang scheduling): the group and the versions pdmtp speaks, newest
+# first; the shell uses the first one the API server serves (1.37: v1beta1; 1.36: v1alpha2).
+WORKLOAD_API_GROUP: Final = "scheduling.k8s.io"
+WORKLOAD_API_VERSIONS: Final[tuple[str, ...]] = ("v1beta1", "v1alpha2")
+POD_GROUP_KIND: Final = "PodGroup"
+POD_GROUP_PLURAL: Final = "podgroups"
 
 # Defaults the API applies (the CRD's defaults are generated from the model, which reads these).
 DEFAULT_BOOTSTRAP_PORT: Final = 8998

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from pdmtp.api.multinode import MultiNodeSpec
 from pdmtp.api.pod import EnvFromSource, EnvVar, Placement, PodSettings, ResourceRequirements
 from pdmtp.api.pod import Toleration as TolerationSpec
 from pdmtp.api.v1alpha1 import (
@@ -65,6 +66,7 @@ FIELD_GROUPS: Mapping[str, Group] = {
     "<role>.tensorParallelSize": "compat",
     "<role>.pipelineParallelSize": "compat",
     "<role>.maxModelLen": "compat",
+    "<role>.multiNode": "compat",
     "<role>.speculative.numSpeculativeTokens": "compat",
     "<role>.resources": "role",
     "<role>.extraArgs": "role",
@@ -114,6 +116,9 @@ class EngineCompat:
     """Its override, else spec.engine.maxModelLen; None lets vLLM decide."""
     speculative_override: bool
     """The role sets its own k (an override without spec.speculative is a finding)."""
+    multi_node: MultiNodeSpec | None = None
+    """One replica spans several nodes (a group of pods). Compat whole: a group is never rolled
+    in place, so with it set the role's local settings join the compat revision too."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,7 @@ def _engine_role(spec: PDDeploymentSpec, name: EngineRole) -> EngineRoleSettings
             role.max_model_len if role.max_model_len is not None else spec.engine.max_model_len
         ),
         speculative_override=role.speculative is not None,
+        multi_node=role.multi_node,
     )
     local = RoleLocal(
         resources=role.resources,

@@ -9,6 +9,25 @@ def workload(name: str, revision: str, role: Role) -> str:
     return f"{name}-{revision}-{role}"
 
 
+def group(name: str, revision: str, role: Role, group_id: str) -> str:
+    """The PodGroup of one multi-node replica: `<name>-<revision>-<role>-<group id>`."""
+    return f"{workload(name, revision, role)}-{group_id}"
+
+
+def group_pod(name: str, revision: str, role: Role, group_id: str, rank: int) -> str:
+    """A multi-node replica's pod: `<name>-<revision>-<role>-<group id>-<rank>`."""
+    return f"{group(name, revision, role, group_id)}-{rank}"
+
+
+def group_hostname(group_id: str, rank: int) -> str:
+    """A group pod's hostname under its role's headless Service (a DNS label at any length)."""
+    return f"{group_id}-{rank}"
+
+
+def group_id(number: int) -> str:
+    return f"g{number}"
+
+
 def client_service(name: str) -> str:
     """The Service clients send requests to (it selects the serving routers)."""
     return name
@@ -47,3 +66,8 @@ def selector(name: str, revision: str, role: Role) -> dict[str, str]:
 def pod_labels(name: str, revision: str, role: Role) -> dict[str, str]:
     """Labels of the pods of one (revision, role)."""
     return {**base_labels(name), **selector(name, revision, role)}
+
+
+def group_labels(name: str, revision: str, role: Role, group_id: str) -> dict[str, str]:
+    """Labels of a multi-node replica's PodGroup (its pods add their rank)."""
+    return {**pod_labels(name, revision, role), v.LABEL_GROUP: group_id}

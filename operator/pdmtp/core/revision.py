@@ -37,7 +37,7 @@ def compat_settings(eff: Effective) -> dict[str, Any]:
     if shared.model.source is not None:
         # The weights both roles load (invariant: the same source and revision).
         model["source"] = _dump(shared.model.source, exclude_none=True)
-    roles = {
+    roles: dict[str, dict[str, Any]] = {
         r.name: {
             "numSpeculativeTokens": r.compat.num_speculative_tokens,
             "tensorParallelSize": r.compat.tensor_parallel_size,
@@ -46,6 +46,12 @@ def compat_settings(eff: Effective) -> dict[str, Any]:
         }
         for r in eff.roles
     }
+    for r in eff.roles:
+        if r.compat.multi_node is not None:  # hashed only when set (see the module docstring)
+            # A group is never rolled in place (its ranks cannot rejoin a running engine): any
+            # change to a multi-node role, local settings included, is a new revision.
+            roles[r.name]["multiNode"] = _dump(r.compat.multi_node, exclude_none=True)
+            roles[r.name]["local"] = role_settings(r)
     return {
         "image": shared.image,
         "model": model,
