@@ -3,7 +3,10 @@
 
 Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK (fake kubelets) as
 plain processes on 127.0.0.1, envtest style, from binaries built by hack/build-cluster-bins.sh.
-Fake GPU nodes are registered and KWOK drives their pods with the stages in hack/kwok/.
+Fake GPU nodes are registered and KWOK drives their pods with the stages in hack/kwok/; they
+are split into two racks (label RACK_LABEL). The Workload API (scheduling.k8s.io Workload and
+PodGroup, gang and topology-aware scheduling) is switched on where the version has it: see
+workload_api().
 
     python tests/support/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
     python tests/support/localcluster.py status [--dir .cluster]
@@ -27,6 +30,7 @@ import functools
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -38,7 +42,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psutil
 from cryptography import x509
@@ -61,10 +65,65 @@ NODE_SELECTOR_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/hca_shared_devices_a"
 PORTS = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
+# The fake GPU nodes' rack: the first half of the nodes are in rack-a, the rest in rack-b (a
+# PodGroup's spec.schedulingConstraints.topology key for "all members in one rack").
+RACK_LABEL: Final = "topology.pdmtp.io/rack"
 
 
 class ClusterError(RuntimeError):
     """The local control plane could not be started or reached."""
+
+
+@dataclass(frozen=True)
+class WorkloadAPI:
+    """How one Kubernetes minor version serves the Workload API (see workload_api)."""
+
+    feature_gates: tuple[str, ...]  # set to true on kube-apiserver, -scheduler, -controller-manager
+    version: str  # the scheduling.k8s.io version serving workloads and podgroups
+
+    @property
+    def group_version(self) -> str:
+        return f"scheduling.k8s.io/{self.version}"
+
+    @property
+    def feature_gates_flag(self) -> str:
+        return "--feature-gates=" + ",".join(f"{gate}=true" for gate in self.feature_gates)
+
+    @property
+    def runtime_config_flag(self) -> str:
+        """kube-apiserver only: alpha and beta API versions are off by default."""
+        return f"--runtime-config={self.group_version}=true"
+
+
+def workload_api(version: str = K8S_VERSION) -> WorkloadAPI | None:
+    """The feature gates and the scheduling.k8s.io version that serve the Workload API (Workload,
+    PodGroup; gang and topology-aware scheduling of pods naming a group in
+    spec.schedulingGroup.podGroupName) on Kubernetes `version`, or None where this project does
+    not switch it on (older versions had a different pod field; newer ones need a row here).
+
+    Read from k8s.io/kubernetes pkg/features/kube_features.go and pkg/controlplane/instance.go:
+    - 1.36: GenericWorkload and GangScheduling (alpha since 1.35), TopologyAwareWorkloadScheduling
+      (alpha 1.36); API scheduling.k8s.io/v1alpha2.
+    - 1.37: GangScheduling is folded into GenericWorkload (beta, still off by default) and no
+      longer exists; a binary given a gate it does not know refuses to start.
+      TopologyAwareWorkloadScheduling stays alpha. API scheduling.k8s.io/v1beta1 (v1alpha2 is
+      gone; v1beta1 is in betaAPIGroupVersionsDisabledByDefault, hence --runtime-config too).
+    """
+    table = {
+        36: WorkloadAPI(
+            ("GenericWorkload", "GangScheduling", "TopologyAwareWorkloadScheduling"), "v1alpha2"
+        ),
+        37: WorkloadAPI(("GenericWorkload", "TopologyAwareWorkloadScheduling"), "v1beta1"),
+    }
+    minor = re.match(r"v?1\.(\d+)\.", version)
+    if minor is None:
+        raise ValueError(f"not a Kubernetes 1.x version: {version!r}")
+    return table.get(int(minor[1]))
+
+
+def rack_of(index: int, count: int) -> str:
+    """The rack of fake GPU node `index` of `count`: the first half rack-a, the rest rack-b."""
+    return "rack-a" if index < (count + 1) // 2 else "rack-b"
 
 
 def cache_dir() -> Path:
@@ -196,7 +255,14 @@ def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
     path.chmod(0o600)
 
 
-def fake_gpu_node(name: str) -> dict[str, Any]:
+def fake_gpu_node(
+    name: str,
+    rack: str | None = None,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A Node KWOK manages (it carries NODE_SELECTOR_ANNOTATION), with 8 GPUs; `rack` sets
+    RACK_LABEL, `labels` and `taints` are added as given."""
     resources = {
         "cpu": "192",
         "memory": "2Ti",
@@ -217,12 +283,15 @@ def fake_gpu_node(name: str) -> dict[str, Any]:
                 "node.kubernetes.io/instance-type": "fake-8xgpu",
                 "nvidia.com/gpu.present": "true",
                 "type": "kwok",
+                **({RACK_LABEL: rack} if rack else {}),
+                **(labels or {}),
             },
             "annotations": {
                 NODE_SELECTOR_ANNOTATION[0]: NODE_SELECTOR_ANNOTATION[1],
                 "node.alpha.kubernetes.io/ttl": "0",
             },
         },
+        **({"spec": {"taints": taints}} if taints else {}),
         # Nodes keep status on create (a kubelet registers the same way): KWOK then only adds
         # conditions, so capacity stays exactly as declared here.
         "status": {
@@ -568,9 +637,17 @@ class LocalCluster:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             # Logs/exec go to the node's InternalIP, which is 127.0.0.1 (KWOK's own server).
             "--kubelet-preferred-address-types=InternalIP",
+            *self._workload_api_args(runtime_config=True),
             "--profiling=false",
             "--v=1",
         ]
+
+    @staticmethod
+    def _workload_api_args(runtime_config: bool = False) -> list[str]:
+        api = workload_api()
+        if api is None:
+            return []
+        return [api.feature_gates_flag, *([api.runtime_config_flag] if runtime_config else [])]
 
     def _component_client_args(self, port: int) -> list[str]:
         kc = str(self.kubeconfig)
@@ -603,10 +680,11 @@ class LocalCluster:
             # HPAs (tests/cluster/test_keda.py) act within a second of a metric change instead of
             # at the next 15 s sync; a new HPA waits one period before its first look, too.
             "--horizontal-pod-autoscaler-sync-period=1s",
+            *self._workload_api_args(),
         ]
 
     def _scheduler_args(self) -> list[str]:
-        return self._component_client_args(self._ports["scheduler"])
+        return [*self._component_client_args(self._ports["scheduler"]), *self._workload_api_args()]
 
     def _kwok_args(self) -> list[str]:
         port = self._ports["kwok"]
@@ -648,8 +726,8 @@ class LocalCluster:
         return [f"pdmtp-gpu-{i}" for i in range(self.nodes)]
 
     def _create_nodes(self) -> None:
-        for name in self.node_names():
-            self.api("POST", "/api/v1/nodes", fake_gpu_node(name))
+        for index, name in enumerate(self.node_names()):
+            self.api("POST", "/api/v1/nodes", fake_gpu_node(name, rack_of(index, self.nodes)))
 
     def _nodes_ready(self) -> bool:
         nodes = self.api("GET", "/api/v1/nodes", timeout=5)["items"]
