@@ -25,11 +25,21 @@ class FakeCluster:
     objects: dict[str, Obj] = field(default_factory=dict)
     pods: dict[str, Obj] = field(default_factory=dict)
     next_ip: int = 10
+    workload_api: str | None = "scheduling.k8s.io/v1beta1"
+    """What the API server serves of the Workload API (None: a cluster without it)."""
 
     def observed(self) -> Observed:
         deployments = [o for k, o in self.objects.items() if k.startswith("Deployment/")]
         others = [o for k, o in self.objects.items() if not k.startswith("Deployment/")]
-        return Observed(copy.deepcopy(self.body), deployments, list(self.pods.values()), others)
+        if self.workload_api is None:
+            others = [o for o in others if o.get("kind") != v.POD_GROUP_KIND]
+        return Observed(
+            copy.deepcopy(self.body),
+            deployments,
+            list(self.pods.values()),
+            others,
+            workload_api=self.workload_api,
+        )
 
     def reconcile(self, now: float) -> Decision:
         """One decide, its actions applied and its status stored, as the shell would."""
@@ -47,7 +57,14 @@ class FakeCluster:
         for action in decision.actions:
             if action.key in (refused or set()):
                 continue
-            if isinstance(action, Apply):
+            if isinstance(action, Apply) and action.kind == "Pod":
+                # A multi-node group's pod: created directly, unbound until its gang places.
+                pod = copy.deepcopy(action.manifest)
+                pod["metadata"]["creationTimestamp"] = CREATED
+                pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}"
+                pod["status"] = {"phase": "Pending"}
+                self.pods.setdefault(pod["metadata"]["name"], pod)
+            elif isinstance(action, Apply):
                 manifest = copy.deepcopy(action.manifest)
                 old = self.objects.get(action.key)
                 created = (old or {}).get("metadata", {}).get("creationTimestamp", CREATED)
@@ -62,6 +79,10 @@ class FakeCluster:
                         notes.pop(key, None)
                     else:
                         notes[key] = value
+            elif isinstance(action, Delete) and action.kind == "Pod":
+                self.pods.pop(action.name, None)
+            elif isinstance(action, Delete) and action.kind == v.POD_GROUP_KIND:
+                self.objects.pop(action.key, None)
             elif isinstance(action, Delete):
                 self.objects.pop(f"{action.kind}/{action.name}", None)
                 for name in [n for n in self.pods if n.startswith(action.name + "-")]:
@@ -105,6 +126,31 @@ class FakeCluster:
                         "podIP": f"192.0.2.{self.next_ip}",
                         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
                     },
+                }
+                self.next_ip += 1
+
+    def place_groups(self, ready: bool = True) -> None:
+        """The gang scheduler and the kubelets for multi-node groups: a PodGroup's pods are
+        bound all at once, when all `minCount` exist, and then run (Ready if `ready`)."""
+        for key, group in self.objects.items():
+            if not key.startswith(f"{v.POD_GROUP_KIND}/"):
+                continue
+            name = group["metadata"]["name"]
+            members = [
+                p
+                for p in self.pods.values()
+                if (p["spec"].get("schedulingGroup") or {}).get("podGroupName") == name
+            ]
+            if len(members) < group["spec"]["schedulingPolicy"]["gang"]["minCount"]:
+                continue
+            for pod in members:
+                if pod["spec"].get("nodeName"):
+                    continue
+                pod["spec"]["nodeName"] = f"node-{self.next_ip}"
+                pod["status"] = {
+                    "phase": "Running",
+                    "podIP": f"192.0.2.{self.next_ip}",
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
                 }
                 self.next_ip += 1
 

@@ -177,6 +177,14 @@ ROLLED_BACK: Final = _reason(
     "new spec change starts a new rollout.",
 )
 
+WORKLOAD_API_UNAVAILABLE: Final = _reason(
+    CONFIG_COMPATIBLE,
+    "WorkloadAPIUnavailable",
+    "A role spans nodes (multiNode) but the API server does not serve the Workload API "
+    "(scheduling.k8s.io PodGroup) that gang-schedules its groups: nothing is created for the "
+    "spec (a half-placed group would hold GPUs and serve nothing); serving pods are left alone.",
+)
+
 # Events (besides a condition's reason, which its transitions are posted under).
 CREATED: Final = _reason(EVENT, "Created", "A child object was created.")
 UPDATED: Final = _reason(
@@ -200,6 +208,12 @@ REVISION_RETIRED: Final = _reason(
 )
 ROLLBACK_STARTED: Final = _reason(
     EVENT, "RollbackStarted", "The new revision failed: rolling back to the old one (a Warning)."
+)
+GROUP_REMOVED: Final = _reason(
+    EVENT,
+    "GroupRemoved",
+    "A multi-node group was deleted whole: a scale-down, or a member failed or went away (vLLM's "
+    "ranks cannot rejoin a running engine; a new group takes its place).",
 )
 PROMOTED: Final = _reason(EVENT, "Promoted", "A canary revision was promoted; the rollout goes on.")
 AUTOSCALED_UP: Final = _reason(

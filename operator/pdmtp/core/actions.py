@@ -74,6 +74,8 @@ class SetStatus:
 class Delete:
     kind: str
     name: str
+    why: str = ""
+    """For a multi-node group's objects: why the group goes (its event says so)."""
 
     @property
     def key(self) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import Condition
-from pdmtp.core.actions import Action, Annotate, Apply, Event, Scale
+from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Scale
 from pdmtp.core.conditions import Transition
 from pdmtp.core.observe import format_time
 from pdmtp.core.planner import RevisionState, Step
@@ -118,6 +118,8 @@ def action_events(actions: Sequence[Action], refused: Collection[str]) -> list[E
                     f"Pod/{a.name} leaves its routers before the scale-down removes it",
                 )
             )
+        elif isinstance(a, Delete) and a.kind == v.POD_GROUP_KIND and a.why:
+            events.append(Event("Normal", reasons.GROUP_REMOVED, f"PodGroup/{a.name}: {a.why}"))
         elif isinstance(a, Scale):
             events.append(
                 Event(

@@ -28,6 +28,19 @@ def group_id(number: int) -> str:
     return f"g{number}"
 
 
+def owner_reference(name: str, uid: str) -> dict[str, str | bool]:
+    """The controller owner reference to a PDDeployment: the garbage collector removes children
+    with their owner."""
+    return {
+        "apiVersion": v.API_VERSION,
+        "kind": v.KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def client_service(name: str) -> str:
     """The Service clients send requests to (it selects the serving routers)."""
     return name

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core import names, status
+from pdmtp.api.vocabulary import EngineRole
+from pdmtp.core import groups, names, status
 from pdmtp.core.actions import (
     Action,
     Annotate,
@@ -37,6 +39,8 @@ from pdmtp.core.actions import (
 )
 from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.events import action_events, condition_events, revision_events, rollout_events
+from pdmtp.core.group_actions import group_actions
+from pdmtp.core.grouping import Group, groups_of, units, workloads
 from pdmtp.core.history import Recorded, history_actions, latest_spec, recorded
 from pdmtp.core.observe import (
     annotations_of,
@@ -53,7 +57,12 @@ from pdmtp.core.observe import (
 )
 from pdmtp.core.planner import Policy, RevisionPlan, Step, Target, plan
 from pdmtp.core.removal import EnginePod, Removal, gate
-from pdmtp.core.render import engine_deployment, router_deployment, shared_children
+from pdmtp.core.render import (
+    engine_deployment,
+    engine_pod_template,
+    router_deployment,
+    shared_children,
+)
 from pdmtp.core.revision import target_and_policy
 from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
 from pdmtp.core.scaling import (
@@ -81,6 +90,9 @@ class Observed:
     PDRoleScales), labelled with its name."""
     metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
     """The engine pods' latest scrapes by pod name (only with spec.autoscaling)."""
+    workload_api: str | None = None
+    """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`, ...), None
+    when it serves none: a multi-node spec is refused then (`others` then holds no PodGroup)."""
 
 
 @dataclass(frozen=True)
@@ -189,9 +201,33 @@ def decide(observed: Observed, now: float) -> Decision:
         unusable = Report(written, written != _without_none(raw_status), events)
         return Decision((), None, None, _unusable=unusable)
     pdd, agreement = verdict.pdd, verdict.agreement
+    grouped = [r for r in v.ENGINE_ROLES if groups.shape_of(agreement, r) is not None]
+    if grouped and observed.workload_api is None:
+        message = (
+            f"spec.{grouped[0]}.multiNode needs the Kubernetes Workload API "
+            f"({v.WORKLOAD_API_GROUP} PodGroup, versions {', '.join(v.WORKLOAD_API_VERSIONS)}) "
+            "to gang-schedule its groups, and this API server serves none: enable the "
+            "GenericWorkload feature gate and the API (--runtime-config) on the control plane, "
+            "or remove multiNode"
+        )
+        new, transitions = status.unusable(
+            old, generation, message, stamp, reasons.WORKLOAD_API_UNAVAILABLE
+        )
+        written = status.as_dict(new)
+        events = tuple(condition_events(transitions, old.conditions, new.conditions))
+        unusable = Report(written, written != _without_none(raw_status), events)
+        return Decision((), None, None, _unusable=unusable)
     spec_target, spec_policy = target_and_policy(agreement)
     name = pdd.metadata.name
-    pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
+    raw_pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
+    pod_groups = [
+        o
+        for o in observed.others
+        if o.get("kind") == v.POD_GROUP_KIND and labels_of(o).get(v.LABEL_NAME) == name
+    ]
+    # A multi-node group counts as one replica: the core reads units (`grouping`).
+    observed_groups = groups_of(raw_pods, pod_groups)
+    pods = units(raw_pods, pod_groups)
 
     # 1b. Autoscale: the counts the roles roll to (scaling is not a rollout: same revision).
     scaling = None
@@ -204,8 +240,8 @@ def decide(observed: Observed, now: float) -> Decision:
 
     # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
     mine = [d for d in observed.deployments if labels_of(d).get(v.LABEL_NAME) == name]
-    states = revision_states(mine, pods)
-    health = Health(engine_failures(pods), crash_looping(pods), unschedulable(pods))
+    states = revision_states([*mine, *workloads(observed_groups)], pods)
+    health = Health(engine_failures(raw_pods), crash_looping(raw_pods), unschedulable(raw_pods))
     promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
     steering = steer(
         pdd.spec, spec_target, spec_policy, states, health, old.rollout, now, promoted, generation
@@ -230,7 +266,16 @@ def decide(observed: Observed, now: float) -> Decision:
     actions += _marks(removal, engines, stamp)
     for p in removal.plans:
         revision_actions = _revision_actions(
-            pdd, p, steering.spec_revision, agreement, existing, pods, history, removal.leaving
+            pdd,
+            p,
+            steering.spec_revision,
+            agreement,
+            existing,
+            pods,
+            history,
+            removal,
+            [g for g in observed_groups if g.revision == p.revision],
+            observed.workload_api,
         )
         actions += revision_actions
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
@@ -286,6 +331,34 @@ def _requeue(
     return min(waits) if waits else None
 
 
+def _group_role(
+    pdd: PDDeployment,
+    p: RevisionPlan,
+    role: EngineRole,
+    agreement: Agreement | None,
+    existing: Mapping[str, Obj],
+    revision_groups: Sequence[Group],
+    removal: Removal,
+    workload_api: str | None,
+) -> list[Action]:
+    """A multi-node role of one revision: its headless Service and its groups. Without the
+    revision's settings (`agreement` None) its groups can only be removed."""
+    mine = [g for g in revision_groups if g.role == role]
+    render = None
+    actions: list[Action] = []
+    if agreement is not None and groups.shape_of(agreement, role) is not None:
+        service = groups.group_service(pdd, p.revision, role)
+        if change := apply_if_drifted(service, existing):
+            actions.append(change)
+        template = engine_pod_template(pdd, p.revision, role, agreement)
+        api = workload_api or groups.DEFAULT_WORKLOAD_API
+
+        def render(gid: str) -> list[dict[str, Any]]:
+            return groups.group_objects(pdd, p.revision, role, gid, template, agreement, api)
+
+    return actions + group_actions(mine, p.replicas(role), render, removal.released)
+
+
 def _marks(removal: Removal, engines: Sequence[EnginePod], stamp: str) -> list[Action]:
     """The leaving and release marks engine pods must carry after this step."""
     out: list[Action] = []
@@ -317,18 +390,33 @@ def _revision_actions(
     existing: Mapping[str, Obj],
     pods: Sequence[Obj],
     history: Sequence[Recorded],
-    leaving: frozenset[str],
+    removal: Removal,
+    revision_groups: Sequence[Group],
+    workload_api: str | None,
 ) -> list[Action]:
     name = pdd.metadata.name
+    leaving = removal.leaving
     if p.delete:
-        return [
+        deletes: list[Action] = [
             Delete("Deployment", names.workload(name, p.revision, r))
             for r in v.ROLES
             if f"Deployment/{names.workload(name, p.revision, r)}" in existing
         ]
+        deletes += group_actions(revision_groups, 0, None)
+        deletes += [
+            Delete("Service", names.workload(name, p.revision, r))
+            for r in v.ENGINE_ROLES
+            if f"Service/{names.workload(name, p.revision, r)}" in existing
+        ]
+        return deletes
     actions: list[Action] = []
     if p.revision == spec_revision:
         for role in v.ENGINE_ROLES:
+            if groups.shape_of(agreement, role) is not None:
+                actions += _group_role(
+                    pdd, p, role, agreement, existing, revision_groups, removal, workload_api
+                )
+                continue
             manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), agreement)
             if change := apply_if_drifted(manifest, existing):
                 actions.append(change)
@@ -337,13 +425,17 @@ def _revision_actions(
         # from its recorded spec where there is one.
         old_spec = None
         for role in v.ENGINE_ROLES:
+            role_groups = [g for g in revision_groups if g.role == role]
             current = existing.get(f"Deployment/{names.workload(name, p.revision, role)}")
             if current is None:
                 old_spec = old_spec or latest_spec(history, p.revision)
-                if old_spec is not None and p.replicas(role) > 0:
-                    manifest = engine_deployment(
-                        pdd, p.revision, role, p.replicas(role), check(old_spec)
+                old = check(old_spec) if old_spec is not None else None
+                if role_groups or (old is not None and groups.shape_of(old, role) is not None):
+                    actions += _group_role(
+                        pdd, p, role, old, existing, revision_groups, removal, workload_api
                     )
+                elif old is not None and p.replicas(role) > 0:
+                    manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), old)
                     actions.append(Apply(manifest, exists=False))
                 continue
             was = int((current.get("spec") or {}).get("replicas") or 0)

@@ -16,7 +16,7 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core import names, scheduling
+from pdmtp.core import groups, names, scheduling
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.effective import Effective, EngineRoleSettings, Shared
 from pdmtp.core.hashing import canonical_json
@@ -55,14 +55,7 @@ class RevisionReplicas:
 
 def owner_reference(pdd: PDDeployment) -> Manifest:
     """Controller owner reference: the garbage collector removes children with their owner."""
-    return {
-        "apiVersion": v.API_VERSION,
-        "kind": v.KIND,
-        "name": pdd.metadata.name,
-        "uid": pdd.metadata.uid or "",
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return dict(names.owner_reference(pdd.metadata.name, pdd.metadata.uid or ""))
 
 
 def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manifest:
@@ -465,11 +458,25 @@ def revision_children(
     replicas: RevisionReplicas,
     agreement: Agreement,
     membership: Membership | None,
+    pod_group_api: str = groups.DEFAULT_WORKLOAD_API,
 ) -> list[Manifest]:
-    """The three Deployments of one revision, from the settings `agreement` judged."""
+    """The workloads of one revision, from the settings `agreement` judged: per engine role a
+    Deployment, or for a multi-node role its headless Service and `replicas` whole groups
+    (`groups`); then the router Deployment."""
     eff = agreement.settings
-    return [
-        engine_deployment(pdd, revision, "prefill", replicas.prefill, agreement),
-        engine_deployment(pdd, revision, "decode", replicas.decode, agreement),
-        router_deployment(pdd, eff, revision, replicas.router, membership, replicas.drain_until),
-    ]
+    out: list[Manifest] = []
+    for role in v.ENGINE_ROLES:
+        count = replicas.prefill if role == "prefill" else replicas.decode
+        if groups.shape_of(agreement, role) is None:
+            out.append(engine_deployment(pdd, revision, role, count, agreement))
+            continue
+        template = engine_pod_template(pdd, revision, role, agreement)
+        out.append(groups.group_service(pdd, revision, role))
+        for gid in groups.next_group_ids(set(), count):
+            out += groups.group_objects(
+                pdd, revision, role, gid, template, agreement, pod_group_api
+            )
+    out.append(
+        router_deployment(pdd, eff, revision, replicas.router, membership, replicas.drain_until)
+    )
+    return out

@@ -375,10 +375,15 @@ def build(
 
 
 def unusable(
-    old: PDDeploymentStatus, generation: int | None, message: str, now: str
+    old: PDDeploymentStatus,
+    generation: int | None,
+    message: str,
+    now: str,
+    reason: str = reasons.INVALID_SPEC,
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
-    """A spec that does not parse: say so, and leave the rest of the status as it was."""
-    update = ConditionUpdate(reasons.CONFIG_COMPATIBLE, "False", reasons.INVALID_SPEC, message)
+    """A spec that cannot be served (it does not parse, or the cluster lacks what it needs): say
+    so, and leave the rest of the status as it was."""
+    update = ConditionUpdate(reasons.CONFIG_COMPATIBLE, "False", reason, message)
     conditions, transitions = set_conditions(old.conditions, [update], generation, now)
     status = old.model_copy(update={"observed_generation": generation, "conditions": conditions})
     return status, transitions
