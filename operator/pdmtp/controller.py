@@ -16,6 +16,7 @@ restart rebuilds everything from the initial listings.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import platform
 import random
@@ -30,7 +31,7 @@ from kopf._cogs.structs.references import Insights
 
 from pdmtp import __version__
 from pdmtp.api import vocabulary as v
-from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, WATCHED
+from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import (
     Action,
@@ -145,6 +146,9 @@ class Controller:
     source: MetricsSource = field(default_factory=HttpSource)
     """Where the autoscaler reads the engines' metrics."""
     scraper: Scraper | None = None
+    workload_api: str | None = None
+    """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`), None when it
+    serves none: discovered at start and at every resync (a multi-node spec waits for it)."""
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -184,10 +188,13 @@ class Controller:
                 reflector.watching_value
             )
             self.pdd_reflectors.append(reflector)
+        await asyncio.to_thread(self.discover_workload_api)
         for kind in WATCHED:
             for namespace in scopes:
                 self.reflectors.append(
-                    Reflector(self.kube.api, kind, namespace, self.store, on_child, count)
+                    Reflector(
+                        self.kube.api, self._served(kind), namespace, self.store, on_child, count
+                    )
                 )
         for reflector in (*self.pdd_reflectors, *self.reflectors):
             reflector.start()
@@ -198,6 +205,28 @@ class Controller:
         self.tasks.append(asyncio.create_task(self._poster(), name="pdmtp-events"))
         self.scraper = Scraper(self.source, self.pdds, self.store, self.queue.add)
         self.tasks.append(asyncio.create_task(self._scrape(), name="pdmtp-scraper"))
+
+    def discover_workload_api(self) -> None:
+        """Which Workload API version the server serves PodGroups at (None: none). The kube
+        adapter then addresses PodGroups there; rendering names it in their apiVersion."""
+        try:
+            served = self.kube.served_version(
+                v.WORKLOAD_API_GROUP, v.WORKLOAD_API_VERSIONS, v.POD_GROUP_PLURAL
+            )
+        except ApiError as e:
+            log.warning("Discovery of %s failed: %s", v.WORKLOAD_API_GROUP, e.message)
+            return  # keep what was known
+        found = None if served is None else f"{v.WORKLOAD_API_GROUP}/{served}"
+        if found != self.workload_api:
+            log.info("Workload API: %s", found or f"not served ({v.WORKLOAD_API_GROUP})")
+        self.workload_api = found
+        if served is not None:
+            self.kube.versions[POD_GROUP.kind] = served
+
+    def _served(self, kind: Kind) -> Kind:
+        """`kind` at the version the server serves it (the Workload API's may differ)."""
+        served = self.kube.versions.get(kind.kind)
+        return kind if served is None else dataclasses.replace(kind, version=served)
 
     async def _scrape(self) -> None:
         assert self.scraper is not None
@@ -245,6 +274,7 @@ class Controller:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
             self.metrics.cached_objects.set(self.store.size())
+            await asyncio.to_thread(self.discover_workload_api)
             for key in self.pdds.snapshot():
                 self.queue.add(key)
 
@@ -284,6 +314,7 @@ class Controller:
             children.get(POD.kind, []),
             others,
             metrics,
+            self.workload_api,
         )
 
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:

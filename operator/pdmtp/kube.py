@@ -6,6 +6,7 @@ from the watch-fed cache (`pdmtp.cache`), not from here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -54,8 +55,18 @@ def load_client(kubeconfig: str | None = None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def path(kind: str, namespace: str, name: str | None = None, subresource: str = "") -> str:
-    return BY_KIND[kind].path(namespace, name, subresource)
+def path(
+    kind: str,
+    namespace: str,
+    name: str | None = None,
+    subresource: str = "",
+    version: str | None = None,
+) -> str:
+    """The REST path of a kind's object; `version` overrides the table's (a served one)."""
+    table = BY_KIND[kind]
+    if version is not None and version != table.version:
+        table = dataclasses.replace(table, version=version)
+    return table.path(namespace, name, subresource)
 
 
 def send(
@@ -84,6 +95,12 @@ def send(
     return response
 
 
+def _version(manifest: Mapping[str, Any]) -> str | None:
+    """The version part of a manifest's apiVersion (`group/version` or `version`)."""
+    api_version = str(manifest.get("apiVersion") or "")
+    return api_version.rsplit("/", 1)[-1] or None
+
+
 def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
@@ -102,6 +119,28 @@ class Kube:
         self.attempts = attempts
         self.base_delay = base_delay
         self.on_request = on_request
+        self.versions: dict[str, str] = {}
+        """Kind -> the API version to address it at, where the server's differs from the
+        table's (the Workload API: v1beta1 on 1.37, v1alpha2 on 1.36)."""
+
+    def _path(
+        self, kind: str, namespace: str, name: str | None = None, subresource: str = ""
+    ) -> str:
+        return path(kind, namespace, name, subresource, self.versions.get(kind))
+
+    def served_version(self, group: str, versions: Iterable[str], plural: str) -> str | None:
+        """The first of `versions` of API `group` that the server serves `plural` at, or None
+        (discovery; a group it does not know is None, not an error)."""
+        for version in versions:
+            try:
+                listing = self._request("GET", f"/apis/{group}/{version}", verb="DISCOVERY")
+            except ApiError as e:
+                if e.status == 404:
+                    continue
+                raise
+            if any(r.get("name") == plural for r in listing.get("resources") or []):
+                return version
+        return None
 
     def _request(
         self,
@@ -150,7 +189,7 @@ class Kube:
     def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
         try:
-            return self._request("GET", path(kind, namespace, name))
+            return self._request("GET", self._path(kind, namespace, name))
         except ApiError as e:
             if e.status == 404:
                 return None
@@ -158,7 +197,7 @@ class Kube:
 
     def list_objects(self, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
         result = self._request(
-            "GET", path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
+            "GET", self._path(kind, namespace), query={"labelSelector": selector}, verb="LIST"
         )
         items: list[dict[str, Any]] = result.get("items") or []
         # A LIST's items carry no kind of their own; give them theirs, as the cache's items have.
@@ -168,7 +207,7 @@ class Kube:
         self, kind: str, namespace: str, name: str, body: Any, content_type: str
     ) -> dict[str, Any]:
         return self._request(
-            "PATCH", path(kind, namespace, name), body=body, content_type=content_type
+            "PATCH", self._path(kind, namespace, name), body=body, content_type=content_type
         )
 
     # ---- writes ---------------------------------------------------------------------------
@@ -183,7 +222,7 @@ class Kube:
             manifest = {**manifest, "metadata": {**meta, "resourceVersion": resource_version}}
         return self._request(
             "PATCH",
-            path(manifest["kind"], meta["namespace"], meta["name"]),
+            path(manifest["kind"], meta["namespace"], meta["name"], version=_version(manifest)),
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
             body=manifest,
             content_type="application/apply-patch+yaml",
@@ -215,7 +254,7 @@ class Kube:
         try:
             self._request(
                 "DELETE",
-                path(kind, namespace, name),
+                self._path(kind, namespace, name),
                 body={"propagationPolicy": "Background"},
             )
         except ApiError as e:
@@ -264,7 +303,7 @@ class Kube:
         try:
             return self._request(
                 "PATCH",
-                path(kind, namespace, name, "status"),
+                self._path(kind, namespace, name, "status"),
                 body={"status": patch},
                 content_type="application/merge-patch+json",
             )

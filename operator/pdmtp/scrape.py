@@ -136,7 +136,11 @@ class Scraper:
         pods = [
             p
             for p in self.store.children(namespace, name).get(POD.kind, [])
-            if labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES and not is_terminating(p)
+            if labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
+            and not is_terminating(p)
+            # A multi-node group serves (and reports) through its leader; its other ranks run
+            # headless, with no HTTP server to scrape.
+            and labels_of(p).get(v.LABEL_GROUP_RANK, "0") == "0"
         ]
 
         async def one(pod: Obj) -> tuple[str, Scrape | None]:

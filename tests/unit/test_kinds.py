@@ -90,7 +90,7 @@ def _drop_verb(docs: list[dict[str, Any]]) -> None:
 
 
 def _add_verb(docs: list[dict[str, Any]]) -> None:
-    _rule(docs, "services")["verbs"].append("delete")
+    _rule(docs, "serviceaccounts")["verbs"].append("delete")
 
 
 def _drop_rule(docs: list[dict[str, Any]]) -> None:
@@ -119,7 +119,7 @@ def _named(docs: list[dict[str, Any]]) -> None:
     ("mutate", "expected"),
     [
         (_drop_verb, "misses ('networking.k8s.io', 'networkpolicies', 'watch')"),
-        (_add_verb, "grants ('', 'services', 'delete')"),
+        (_add_verb, "grants ('', 'serviceaccounts', 'delete')"),
         (_drop_rule, "misses ('', 'events', 'create')"),
         (_add_secrets, "grants ('', 'secrets', 'get')"),
         (_wildcard, "wildcard in"),
@@ -154,7 +154,12 @@ def test_every_kind_the_core_applies_is_watched_and_writable() -> None:
         "decode": {"source": "External", "minReplicas": 1, "maxReplicas": 2}
     }  # so the External role's scale endpoint is among them
     applied = {a.kind for a in decide(Observed(body), 0.0).actions if isinstance(a, Apply)}
-    assert applied == {k.kind for k in kinds.WATCHED if k is not kinds.POD}
+    # ... and a multi-node role's PodGroups and pods, where the Workload API is served.
+    body["spec"]["prefill"]["tensorParallelSize"] = 2
+    body["spec"]["prefill"]["multiNode"] = {"nodes": 2, "layout": "TensorParallel"}
+    grouped = Observed(body, workload_api="scheduling.k8s.io/v1beta1")
+    applied |= {a.kind for a in decide(grouped, 0.0).actions if isinstance(a, Apply)}
+    assert applied == {k.kind for k in kinds.WATCHED}
     for kind in applied:
         assert {"create", "patch"} <= kinds.BY_KIND[kind].verbs, kind
     for k in kinds.WATCHED:

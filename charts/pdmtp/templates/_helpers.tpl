@@ -68,13 +68,22 @@ deploy/).
 - apiGroups: ["apps"]
   resources: ["controllerrevisions"]
   verbs: ["list", "watch", "create", "patch", "delete"]
-# Engine and router pods (an engine pod leaving is patched, annotations only).
+# Engine and router pods (an engine pod leaving is patched, annotations only); a multi-node
+# group's pods are created and deleted whole by the operator.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "patch"]
-# Shared children: the client Service, the routers' ServiceAccount, the NetworkPolicy.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# A multi-node group's gang (Kubernetes Workload API).
+- apiGroups: ["scheduling.k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Shared children: the client Service, the routers' ServiceAccount, the NetworkPolicy; a
+# multi-node role's headless Service is deleted with its revision.
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
+  resources: ["services"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
   verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]

@@ -69,12 +69,14 @@ OWN = APPLY | _verbs("delete")
 # Watched kinds first, in the order the reflectors start.
 DEPLOYMENT: Final = Kind("Deployment", "apps", "v1", "deployments", OWN, watched=True)
 """Per-revision workloads: applied, scaled (a patch), retired."""
-POD: Final = Kind("Pod", "", "v1", "pods", READ | _verbs("patch"), watched=True)
-"""Engine and router pods: readiness, IPs for the router, termination messages; patched only to
-mark an engine pod leaving routing before a scale-down removes it (`core.removal`)."""
+POD: Final = Kind("Pod", "", "v1", "pods", OWN, watched=True)
+"""Engine and router pods: readiness, IPs for the router, termination messages; patched to mark
+an engine pod leaving routing before a scale-down removes it (`core.removal`); created and deleted
+only as members of a multi-node group (`core.groups`: no built-in workload keeps a group whole)."""
 # Shared children (the client Service, the routers' ServiceAccount, the NetworkPolicy): watched
 # so a deleted or edited one is restored; never deleted (the owner reference garbage-collects).
-SERVICE: Final = Kind("Service", "", "v1", "services", APPLY, watched=True)
+# The one exception: a multi-node role's headless Service goes with its retired revision.
+SERVICE: Final = Kind("Service", "", "v1", "services", OWN, watched=True)
 SERVICE_ACCOUNT: Final = Kind("ServiceAccount", "", "v1", "serviceaccounts", APPLY, watched=True)
 NETWORK_POLICY: Final = Kind(
     "NetworkPolicy", "networking.k8s.io", "v1", "networkpolicies", APPLY, watched=True
@@ -95,6 +97,18 @@ ROLE_SCALE: Final = Kind(
 )
 """An External-autoscaled role's scale endpoint: created once (its spec.replicas is then the
 HPA's), status written, deleted when the role stops being External."""
+POD_GROUP: Final = Kind(
+    v.POD_GROUP_KIND,
+    v.WORKLOAD_API_GROUP,
+    v.WORKLOAD_API_VERSIONS[0],
+    v.POD_GROUP_PLURAL,
+    OWN,
+    watched=True,
+    optional=True,
+)
+"""A multi-node group's gang (the Workload API): created with its pods, deleted with them. The
+version is the newest the API server serves (`controller` discovers it); a cluster without the
+API holds none."""
 EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
 """Events about PDDeployments, posted only."""
 PDDEPLOYMENT: Final = Kind(v.KIND, v.GROUP, v.VERSION, v.PLURAL, READ, status_verbs=_verbs("patch"))
@@ -109,6 +123,7 @@ KINDS: Final = (
     NETWORK_POLICY,
     CONTROLLER_REVISION,
     ROLE_SCALE,
+    POD_GROUP,
     EVENT,
     PDDEPLOYMENT,
 )
