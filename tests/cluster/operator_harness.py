@@ -34,14 +34,17 @@ from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core import names
 from pdmtp.core.agreement import check
+from pdmtp.core.grouping import groups_of, units, workloads
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
 from pdmtp.core.observe import (
+    engine_url,
     is_terminating,
     labels_of,
     listed_engines,
     name_of,
     pod_ready,
     revision_states,
+    router_urls,
 )
 from pdmtp.core.planner import Policy, RevisionState
 from pdmtp.core.revision import target_and_policy
@@ -422,9 +425,15 @@ class RolloutWatcher:
     # Checks run under the lock, over the watcher's view of the namespace.
 
     def _states(self) -> list[RevisionState]:
-        return revision_states(self.deployments.values(), self._pods())
+        # A multi-node role has no Deployment: its live groups are its replicas (`grouping`).
+        groups = groups_of(list(self.pods.values()), [])
+        return revision_states([*self.deployments.values(), *workloads(groups)], self._pods())
 
     def _pods(self) -> list[dict[str, Any]]:
+        """The pods as the core counts replicas: each multi-node group folded into one unit."""
+        return [dict(p) for p in units(self._kept(), [])]
+
+    def _kept(self) -> list[dict[str, Any]]:
         pods = list(self.pods.values())
         if not self.forgive_surplus:
             return pods
@@ -460,7 +469,7 @@ class RolloutWatcher:
             return  # not started yet
         terminating = [
             Terminating(name_of(p), labels_of(p)[v.LABEL_REVISION], labels_of(p)[v.LABEL_ROLE])
-            for p in self.pods.values()
+            for p in self._pods()
             if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
         listed = listed_engines(self._pods())
@@ -473,6 +482,7 @@ class RolloutWatcher:
         self.violations += [
             f"{x} at {label}" for x in foreign_routes(self.deployments.values(), pods)
         ]
+        self.violations += [f"{x} at {label}" for x in partial_routes(pods)]
 
     def _view(self) -> str:
         """The pods and Deployments as the watcher saw them, to explain a violation."""
@@ -492,6 +502,29 @@ class RolloutWatcher:
                 "deployments": sorted(self.deployments),
                 "events": self.events_seen,
             }
+
+
+def partial_routes(pods: list[dict[str, Any]]) -> list[str]:
+    """Routes to a multi-node group that does not serve whole: a router pod listing a pod that
+    is not a group's leader, or the leader of a group with a member missing."""
+    routers = [p for p in pods if labels_of(p).get(v.LABEL_ROLE) == "router"]
+    listed = set().union(*(router_urls(_args(r)) for r in routers)) if routers else set()
+    out = []
+    for g in groups_of(pods, []):
+        for rank, pod in g.members.items():
+            ip = (pod.get("status") or {}).get("podIP")
+            if not ip or engine_url(ip) not in listed:
+                continue
+            if rank != 0:
+                out.append(f"a router lists {name_of(pod)}, rank {rank} of {g.group_id}")
+            elif not g.complete:
+                out.append(f"a router lists {name_of(pod)}, leader of incomplete {g.group_id}")
+    return out
+
+
+def _args(pod: dict[str, Any]) -> list[str]:
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return list(containers[0].get("args") or [])
 
 
 def _surplus_keep_order(pod: dict[str, Any]) -> tuple[bool, int, str]:

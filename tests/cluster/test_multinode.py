@@ -1,0 +1,214 @@
+"""Multi-node roles on a real API server and kube-scheduler (the Workload API's gang), with the
+operator as a subprocess: groups come up whole, a lost member replaces its group and the router
+follows, a paired rollout of multi-node prefill and decode (an operator kill mid-roll included)
+keeps every invariant and never binds a group partly, and scaling adds and removes whole
+groups, by the spec and by `kubectl scale pdrolescale`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from cluster.gangwatch import GangWatch, served_podgroup_version
+from cluster.kubehelpers import Cluster, kubectl, wait_for
+from kubernetes import client
+from operator_harness import (
+    OperatorProcess,
+    RolloutWatcher,
+    create_pdd,
+    get_pdd,
+    patch_spec,
+    ready_after,
+    wait_settled,
+)
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.core.agreement import check
+from pdmtp.core.observe import engine_url, router_urls
+from pdmtp.core.revision import target_and_policy
+
+GROUP_SHAPE = {"nodes": 2, "layout": "TensorParallel"}
+
+
+def _multi_node(name: str) -> PDDBuilder:
+    """Both roles span two nodes (TP 2 split over 2 pods of 1 GPU), quick to become Ready."""
+    b = pdd(name).mtp(3, modules=3)
+    b.prefill(replicas=1, tensorParallelSize=2, multiNode=dict(GROUP_SHAPE))
+    b.decode(replicas=2, tensorParallelSize=2, multiNode=dict(GROUP_SHAPE))
+    b.rollout(maxSurge=1, maxUnavailable=0, drainSeconds=1)
+    return ready_after(b, 300)
+
+
+@pytest.fixture(autouse=True)
+def _workload_api(cluster: Cluster) -> None:
+    if served_podgroup_version(cluster.api_client) is None:
+        pytest.fail("the local control plane must serve the Workload API (scheduling.k8s.io)")
+
+
+def _raw_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    # Raw JSON: the typed client has no schedulingGroup and would drop it.
+    api = cluster.api_client
+    method, url, headers, _, _ = api.param_serialize(
+        "GET",
+        f"/api/v1/namespaces/{namespace}/pods",
+        query_params=[("labelSelector", f"{v.LABEL_NAME}={name}")],
+        auth_settings=["BearerToken"],
+    )
+    items: list[dict[str, Any]] = json.loads(
+        api.call_api(method, url, header_params=headers).read()
+    )["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def _groups(pods: list[dict[str, Any]], role: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in pods:
+        labels = p["metadata"]["labels"]
+        if labels.get(v.LABEL_ROLE) == role and v.LABEL_GROUP in labels:
+            out.setdefault(labels[v.LABEL_GROUP], []).append(p)
+    return out
+
+
+def _listed(pods: list[dict[str, Any]]) -> set[str]:
+    urls: set[str] = set()
+    for p in pods:
+        if p["metadata"]["labels"].get(v.LABEL_ROLE) == "router":
+            urls |= router_urls(p["spec"]["containers"][0].get("args") or [])
+    return urls
+
+
+def _leaders(pods: list[dict[str, Any]], role: str) -> set[str]:
+    return {
+        engine_url(p["status"]["podIP"])
+        for members in _groups(pods, role).values()
+        for p in members
+        if p["metadata"]["labels"][v.LABEL_GROUP_RANK] == "0" and p["status"].get("podIP")
+    }
+
+
+def _routed_leaders(cluster: Cluster, namespace: str, name: str) -> None:
+    """Every router lists exactly the leaders of its revision's groups (no worker)."""
+
+    def probe() -> bool:
+        pods = _raw_pods(cluster, namespace, name)
+        routers = [p for p in pods if p["metadata"]["labels"].get(v.LABEL_ROLE) == "router"]
+        leaders = _leaders(pods, "prefill") | _leaders(pods, "decode")
+        return bool(routers) and all(
+            router_urls(r["spec"]["containers"][0].get("args") or []) == leaders for r in routers
+        )
+
+    wait_for(probe, "routers list exactly the group leaders", 60, interval=0.5)
+
+
+def test_groups_serve_whole_recover_whole_roll_and_scale_by_groups(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    b = _multi_node("wide")
+    create_pdd(cluster.api_client, namespace, b.dict())
+    obj = wait_settled(cluster.api_client, namespace, "wide", 120)
+    assert (obj["status"]["prefill"], obj["status"]["decode"]) == ("1/1", "2/2")
+
+    # Whole groups, each with its gang, one pod per node.
+    pods = _raw_pods(cluster, namespace, "wide")
+    decode = _groups(pods, "decode")
+    assert len(decode) == 2 and all(len(members) == 2 for members in decode.values())
+    for members in decode.values():
+        assert len({p["spec"]["nodeName"] for p in members}) == 2
+        assert len({p["spec"]["schedulingGroup"]["podGroupName"] for p in members}) == 1
+    _routed_leaders(cluster, namespace, "wide")
+
+    # (c) A worker deleted: its group is replaced whole (a new gang) and the router follows.
+    lost_group, members = sorted(decode.items())[0]
+    worker = next(p for p in members if p["metadata"]["labels"][v.LABEL_GROUP_RANK] == "1")
+    client.CoreV1Api(cluster.api_client).delete_namespaced_pod(
+        worker["metadata"]["name"], namespace, grace_period_seconds=0
+    )
+    started = time.monotonic()
+
+    def replaced() -> bool:
+        now = _groups(_raw_pods(cluster, namespace, "wide"), "decode")
+        complete = [g for g, m in now.items() if len(m) == 2 and all(_ready(p) for p in m)]
+        return lost_group not in now and len(complete) == 2
+
+    wait_for(replaced, f"group {lost_group} replaced whole", 90, interval=0.3)
+    recovery = time.monotonic() - started
+    wait_settled(cluster.api_client, namespace, "wide", 60)
+    _routed_leaders(cluster, namespace, "wide")
+    removed = [
+        e
+        for e in client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+        if e.reason == reasons.GROUP_REMOVED
+    ]
+    assert any(lost_group in (e.message or "") and "is gone" in e.message for e in removed)
+    print(f"group {lost_group} replaced and serving again in {recovery:.1f}s")
+
+    # (d) A paired rollout of both multi-node roles, the operator killed mid-roll.
+    spec = b.build().spec
+    watcher = RolloutWatcher(
+        cluster.api_client, namespace, "wide", target_and_policy(check(spec))[1]
+    )
+    watcher.start(spec)
+    gangs = GangWatch(
+        cluster.api_client, namespace, f"{v.LABEL_NAME}=wide", podgroup_version=None
+    ).start()
+    b.mtp(2, modules=2)
+    watcher.expect(b.build().spec)
+    patch_spec(cluster.api_client, namespace, "wide", b.dict()["spec"])
+    wait_for(
+        lambda: len(_raw_pods(cluster, namespace, "wide")) > len(pods),
+        "the new revision's first group",
+        60,
+        interval=0.2,
+    )
+    operator.kill()
+    time.sleep(1)
+    operator.start()
+    obj = wait_settled(cluster.api_client, namespace, "wide", 180)
+    watcher.stop()
+    gangs.stop()
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+    assert gangs.violations() == [], gangs.report()
+    new_revision = obj["status"]["currentRevision"]
+    pods = _raw_pods(cluster, namespace, "wide")
+    assert {p["metadata"]["labels"][v.LABEL_REVISION] for p in pods} == {new_revision}
+    _routed_leaders(cluster, namespace, "wide")
+
+    # (e) Scaling adds and removes whole groups: by the spec, then through the PDRoleScale.
+    b.decode(replicas=3)
+    patch_spec(cluster.api_client, namespace, "wide", b.dict()["spec"])
+    wait_for(
+        lambda: get_pdd(cluster.api_client, namespace, "wide")["status"]["decode"] == "3/3",
+        "decode at 3 groups",
+        90,
+    )
+    assert len(_groups(_raw_pods(cluster, namespace, "wide"), "decode")) == 3
+    b.set(autoscaling={"decode": {"source": "External", "minReplicas": 1, "maxReplicas": 4}})
+    patch_spec(cluster.api_client, namespace, "wide", b.dict()["spec"])
+    wait_for(
+        lambda: (
+            kubectl(cluster, "get", "pdrolescale", "wide-decode", "-n", namespace).returncode == 0
+        ),
+        "the decode PDRoleScale",
+        30,
+    )
+    done = kubectl(cluster, "scale", "pdrolescale/wide-decode", "--replicas=1", "-n", namespace)
+    assert done.returncode == 0, done.stderr
+
+    def one_group() -> bool:
+        groups = _groups(_raw_pods(cluster, namespace, "wide"), "decode")
+        return len(groups) == 1 and all(len(m) == 2 for m in groups.values())
+
+    wait_for(one_group, "decode scaled to one whole group", 90, interval=0.3)
+    obj = wait_settled(cluster.api_client, namespace, "wide", 60)
+    assert obj["status"]["decode"] == "1/1"
+    _routed_leaders(cluster, namespace, "wide")
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
