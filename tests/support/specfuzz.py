@@ -2,7 +2,8 @@
 valid specs mutated one to four times, written as YAML or JSON text, sometimes with bytes spliced
 in. Mutations: any node set to a boundary number or another type, a leaf written in a YAML
 scalar form (`1:30`, `5e-2`, `0x1F`, `yes`, `!!binary ...`) or a JSON number form (`2.0`, `1e3`),
-a key removed, a list item duplicated, an unknown key added.
+a key removed, a list item duplicated, an unknown key added; a role given a multi-node shape
+(spec.<role>.multiNode, valid or not, with its parallel sizes and multi-node vLLM flags).
 
 Every choice is a hypothesis draw, so a failing file shrinks to a small one.
 """
@@ -36,6 +37,20 @@ def seeds() -> list[Doc]:
         pdd("fuzz").dict(),
         pdd("fuzz").mtp(3, modules=3).dict(),
         pdd("fuzz").mtp(3, modules=3).prefill(replicas=2, tp=4).decode(replicas=3, tp=2).dict(),
+        pdd("fuzz")
+        .mtp(3, modules=3)
+        .prefill(tp=8, multiNode={"nodes": 2, "layout": "TensorParallel"})
+        .decode(
+            tp=1,
+            multiNode={
+                "nodes": 2,
+                "layout": "DataParallel",
+                "dataParallelSize": 16,
+                "expertParallel": True,
+                "topologyKey": "topology.kubernetes.io/zone",
+            },
+        )
+        .dict(),
     ]
     return out
 
@@ -175,7 +190,45 @@ def swapped(value: Any, how: int) -> Any:
     return options[how % len(options)]
 
 
-OPS = ("set", "swap", "form", "remove", "duplicate", "unknown", "role")
+OPS = ("set", "swap", "form", "remove", "duplicate", "unknown", "role", "multinode")
+
+# spec.<role>.multiNode: values on both sides of every rule (nodes 2..64, a known layout,
+# dataParallelSize only for DataParallel and a multiple of nodes, the GPUs of a pod, the flags
+# a multi-node role leaves to the operator).
+NODES = [1, 2, 3, 4, 8, 64, 65]
+LAYOUTS = ["DataParallel", "TensorParallel", "Pipeline"]
+DP_SIZES = [None, 1, 2, 4, 6, 8, 16, 128, 1025]
+TOPOLOGY_KEYS = [None, "topology.kubernetes.io/zone", "rack", "bad key", ""]
+GROUP_ARGS = [
+    "--max-num-seqs=8",
+    "--nnodes=2",
+    "-n2",
+    "--headless",
+    "--data-parallel-size=4",
+    "-dp",
+    "--enable-expert-parallel",
+    "--api-server-count=1",
+    "--data-parallel-backend=ray",
+    "--data-parallel-hybrid-lb",
+    "-pcp",
+    "--enable-eplb",
+]
+
+
+def multi_node(draw: st.DrawFn) -> Doc:
+    shape: Doc = {
+        "nodes": draw(st.sampled_from(NODES)),
+        "layout": draw(st.sampled_from(LAYOUTS)),
+    }
+    size = draw(st.sampled_from(DP_SIZES))
+    if size is not None:
+        shape["dataParallelSize"] = size
+    if draw(st.booleans()):
+        shape["expertParallel"] = draw(st.booleans())
+    key = draw(st.sampled_from(TOPOLOGY_KEYS))
+    if key is not None:
+        shape["topologyKey"] = key
+    return shape
 
 
 @st.composite
@@ -200,12 +253,35 @@ def specs(draw: st.DrawFn, allow_bytes: bool = True) -> Spec:
                     spec[role]["tensorParallelSize"] = tp
                     notes.append(f"spec.{role}.tensorParallelSize = {tp}")
             continue
+        if op == "multinode":  # a role spans nodes: its shape, sizes and flags together
+            role = draw(st.sampled_from(["prefill", "decode"]))
+            spec = doc.get("spec")
+            if isinstance(spec, dict) and isinstance(spec.get(role), dict):
+                shape = multi_node(draw)
+                spec[role]["multiNode"] = shape
+                notes.append(f"spec.{role}.multiNode = {shape}")
+                for key, sizes in (
+                    ("tensorParallelSize", [1, 2, 8]),
+                    ("pipelineParallelSize", [1, 2, 4]),
+                ):
+                    if draw(st.booleans()):
+                        spec[role][key] = draw(st.sampled_from(sizes))
+                        notes.append(f"spec.{role}.{key} = {spec[role][key]}")
+                if draw(st.integers(0, 2)) == 0:
+                    arg = draw(st.sampled_from(GROUP_ARGS))
+                    owner = spec.setdefault("engine", {}) if draw(st.booleans()) else spec[role]
+                    if isinstance(owner, dict) and isinstance(owner.get("extraArgs", []), list):
+                        owner.setdefault("extraArgs", []).append(arg)
+                        notes.append(f"extraArgs += {arg!r}")
+            continue
         at = paths[draw(st.integers(0, len(paths) - 1))]
         try:
             parent, last = get(doc, at[:-1]), at[-1]
             parent[last]  # an earlier mutation may have removed it
         except (KeyError, IndexError, TypeError):
             continue
+        if not isinstance(parent, dict | list):
+            continue  # an earlier mutation made it a string, which indexes but is immutable
         where = ".".join(map(str, at))
         if op == "set":
             value = draw(st.sampled_from(BOUNDARY))
