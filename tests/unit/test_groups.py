@@ -152,6 +152,8 @@ def test_groups_come_up_whole_and_only_leaders_are_routed() -> None:
     assert status["decode"] == "2/2"
     decode_entry = next(r for r in status["roles"] if r["name"] == "decode")
     assert decode_entry["readyReplicas"] == decode_entry["desiredReplicas"] == 2
+    assert decode_entry["podsPerReplica"] == 2
+    assert "podsPerReplica" not in next(r for r in status["roles"] if r["name"] == "prefill")
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Available"]["status"] == "True"
 

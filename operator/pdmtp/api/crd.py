@@ -37,13 +37,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Prefill",
         "type": "string",
         "jsonPath": ".status.prefill",
-        "description": "Ready/desired prefill pods.",
+        "description": "Ready/desired prefill replicas (pods, or whole groups if multi-node).",
     },
     {
         "name": "Decode",
         "type": "string",
         "jsonPath": ".status.decode",
-        "description": "Ready/desired decode pods.",
+        "description": "Ready/desired decode replicas (pods, or whole groups if multi-node).",
     },
     {
         "name": "Lookahead",

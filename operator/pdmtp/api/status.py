@@ -39,11 +39,25 @@ class RoleStatus(Model):
     """Pod counts of one role across revisions."""
 
     name: Literal["prefill", "decode", "router"] = Field(description="The role.")
-    replicas: int = Field(default=0, description="Pods of this role (all revisions).")
-    ready_replicas: int = Field(default=0, description="Ready pods (all revisions).")
-    updated_replicas: int = Field(default=0, description="Pods at the update revision.")
+    replicas: int = Field(
+        default=0,
+        description=(
+            "Replicas of this role (all revisions): pods, or for a multi-node role whole groups."
+        ),
+    )
+    ready_replicas: int = Field(
+        default=0, description="Ready replicas (all revisions); a group is Ready when all is."
+    )
+    updated_replicas: int = Field(default=0, description="Replicas at the update revision.")
     desired_replicas: int = Field(
         default=0, description="spec.<role>.replicas, or the autoscaler's count."
+    )
+    pods_per_replica: int | None = Field(
+        default=None,
+        description=(
+            "Pods in one replica of a multi-node role (spec.<role>.multiNode.nodes) at the "
+            "update revision; unset for one pod per replica."
+        ),
     )
 
 
@@ -54,8 +68,10 @@ class RevisionStatus(Model):
     phase: Literal["Starting", "Serving", "Draining", "Retired"] = Field(
         description="Starting (no traffic yet), Serving, Draining (traffic off) or Retired."
     )
-    prefill: str = Field(description="Ready/desired prefill pods, e.g. 2/2.")
-    decode: str = Field(description="Ready/desired decode pods.")
+    prefill: str = Field(
+        description="Ready/desired prefill replicas, e.g. 2/2 (groups for a multi-node role)."
+    )
+    decode: str = Field(description="Ready/desired decode replicas.")
     routers: int = Field(description="Ready router pods.")
 
 
@@ -178,8 +194,10 @@ class PDDeploymentStatus(Model):
     rollout: RolloutStatus | None = Field(
         default=None, description="The paired rollout's progress, deadline and failure state."
     )
-    prefill: str | None = Field(default=None, description="Ready/desired prefill pods (printer).")
-    decode: str | None = Field(default=None, description="Ready/desired decode pods (printer).")
+    prefill: str | None = Field(
+        default=None, description="Ready/desired prefill replicas (printer)."
+    )
+    decode: str | None = Field(default=None, description="Ready/desired decode replicas (printer).")
     roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="The autoscaler's decisions (with spec.autoscaling)."

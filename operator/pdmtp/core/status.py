@@ -22,7 +22,7 @@ from pdmtp.api.status import (
     RoleStatus,
     RolloutStatus,
 )
-from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.api.v1alpha1 import PDDeploymentSpec, RoleSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
@@ -273,9 +273,14 @@ def role_counts(
             ready_replicas=sum(_role_of(s, role).ready for s in states),
             updated_replicas=sum(_role_of(s, role).ready for s in states if s.revision == update),
             desired_replicas=desired[role],
+            pods_per_replica=None if role == "router" else _group_size(spec.role(role)),
         )
         for role in v.ROLES
     ]
+
+
+def _group_size(role: RoleSpec) -> int | None:
+    return None if role.multi_node is None else role.multi_node.nodes
 
 
 def phase(state: RevisionState) -> Literal["Starting", "Serving", "Draining", "Retired"]:
