@@ -2,7 +2,8 @@
 facts the operator builds on, shown with raw PodGroup and Pod manifests (no operator).
 
 - A gang of two 8-GPU pods binds all or nothing: with one free node neither binds (at every
-  watch event), a second node binds both.
+  watch event), a second node binds both. The PodGroup says so: its scheduled condition
+  (SCHEDULED_CONDITION) is False/Unschedulable, then True/Scheduled.
 - A gang with a topology constraint on the rack label never spans racks, even when one free node
   in each rack would fit it.
 - Controls, so the checks can fail: the same pods without a PodGroup bind one by one, and the
@@ -33,6 +34,9 @@ TEST_KEY = "gang.pdmtp.io/test"  # node label and taint key; the value is unique
 APP = "gang-test"
 SETTLE = 2.0  # how long a gang's two bind calls may leave it partly bound (~ms in practice)
 HOLD = SETTLE + 1.0  # how long a refused state is watched before capacity is added
+# The PodGroup's status condition the scheduler sets (k8s.io/api scheduling/<version>/types.go):
+# renamed in v1beta1, which says it covers scheduling "till first success".
+SCHEDULED_CONDITION = {"v1alpha2": "PodGroupScheduled", "v1beta1": "PodGroupInitiallyScheduled"}
 
 
 @pytest.fixture(scope="module")
@@ -98,11 +102,16 @@ class GangEnv:
             SCHEDULING_GROUP, self.podgroup_version, self.namespace, "podgroups", body
         )
 
-    def read_podgroup(self, name: str) -> dict[str, Any]:
-        pg: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+    def podgroup_scheduled(self, name: str) -> tuple[str, str] | None:
+        """(status, reason) of the PodGroup's scheduled condition, None while it has none."""
+        pg = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
             SCHEDULING_GROUP, self.podgroup_version, self.namespace, "podgroups", name
         )
-        return pg
+        kind = SCHEDULED_CONDITION.get(self.podgroup_version)
+        for condition in pg.get("status", {}).get("conditions", []):
+            if condition["type"] == kind:
+                return condition["status"], condition["reason"]
+        return None
 
     def pod(self, name: str, group: str, podgroup: bool = True) -> None:
         """An 8-GPU pod for this test's nodes; in PodGroup `group` when `podgroup`, else only
@@ -215,22 +224,22 @@ def test_gang_binds_all_members_or_none(env: GangEnv) -> None:
         env.pod("pg-0", "pg")
         env.pod("pg-1", "pg")
         env.wait_refused(["pg-0", "pg-1"])
-        refused = env.read_podgroup("pg").get("status", {}).get("conditions", [])
+        refused = ("False", "Unschedulable")
+        wait_for(lambda: env.podgroup_scheduled("pg") == refused, f"PodGroup {refused}", 30)
         counts = hold(watcher)
         assert counts and set(counts) == {0}, watcher.report()
 
         capacity_at = watcher.elapsed()
         env.add_node("rack-a")
         watcher.wait(bound("pg", 2), "both members bound", 60)
-        scheduled = env.read_podgroup("pg").get("status", {}).get("conditions", [])
     assert not watcher.violations(), watcher.report()
+    scheduled = ("True", "Scheduled")
+    wait_for(lambda: env.podgroup_scheduled("pg") == scheduled, f"PodGroup {scheduled}", 30)
     assert watcher.latest()["pg"] == GroupState(2, 2, 2, frozenset())
     assert env.node_of("pg-0") != env.node_of("pg-1")
     print(
         f"\ngang: {bind_figures(watcher, ['pg-0', 'pg-1'], capacity_at)}; "
-        f"partly bound meanwhile: {watcher.transient_partials()}\n"
-        f"PodGroup conditions while refused: {refused}\nafter: {scheduled}\n"
-        + "\n".join(env.events())
+        f"partly bound meanwhile: {watcher.transient_partials()}\n" + "\n".join(env.events())
     )
 
 
