@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,53 @@ from typing import Any
 from cluster.kubehelpers import wait_for
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
+from localcluster import fake_gpu_node
 
 SCHEDULING_GROUP = "scheduling.k8s.io"
+TEST_KEY = "gang.pdmtp.io/test"  # node label and taint key; the value is unique per test
+
+
+@dataclass
+class GangNodes:
+    """Free 8-GPU KWOK nodes of one test only: labelled and tainted TEST_KEY=<tag>, so only pods
+    with `node_selector` and `toleration` land there, and the shared nodes are never counted on."""
+
+    api: client.ApiClient
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return {TEST_KEY: self.tag}
+
+    @property
+    def toleration(self) -> dict[str, str]:
+        return {"key": TEST_KEY, "operator": "Equal", "value": self.tag, "effect": "NoSchedule"}
+
+    def add(self, rack: str) -> str:
+        """A node in `rack`; returns once the scheduler may use it (Ready, no taint but ours)."""
+        core = client.CoreV1Api(self.api)
+        name = f"gang-{self.tag}-{len(self.names)}"
+        taint = {"key": TEST_KEY, "value": self.tag, "effect": "NoSchedule"}
+        core.create_node(fake_gpu_node(name, rack, self.node_selector, [taint]))
+        self.names.append(name)
+
+        def usable() -> bool:
+            node = core.read_node(name)
+            ready = {c.type: c.status for c in node.status.conditions or []}
+            foreign = [t.key for t in node.spec.taints or [] if t.key != TEST_KEY]
+            return ready.get("Ready") == "True" and not foreign
+
+        wait_for(usable, f"node {name} Ready and untainted", 30)
+        return name
+
+    def delete(self) -> None:
+        for name in self.names:
+            try:
+                client.CoreV1Api(self.api).delete_node(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
 
 def served_podgroup_version(api_client: client.ApiClient) -> str | None:

@@ -17,20 +17,23 @@ its pods afterwards; the session's shared nodes are never counted on.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from cluster.gangwatch import SCHEDULING_GROUP, GangWatch, GroupState, served_podgroup_version
+from cluster.gangwatch import (
+    SCHEDULING_GROUP,
+    GangNodes,
+    GangWatch,
+    GroupState,
+    served_podgroup_version,
+)
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-from localcluster import GPU_RESOURCE, RACK_LABEL, fake_gpu_node, workload_api
+from localcluster import GPU_RESOURCE, RACK_LABEL, workload_api
 
 IMAGE = "registry.invalid/pdmtp/fake:0"
-TEST_KEY = "gang.pdmtp.io/test"  # node label and taint key; the value is unique per test
 APP = "gang-test"
 SETTLE = 2.0  # how long a gang's two bind calls may leave it partly bound (~ms in practice)
 HOLD = SETTLE + 1.0  # how long a refused state is watched before capacity is added
@@ -60,8 +63,14 @@ class GangEnv:
     api: client.ApiClient
     namespace: str
     podgroup_version: str
-    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    nodes: list[str] = field(default_factory=list)
+    nodes: GangNodes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nodes = GangNodes(self.api)
+
+    @property
+    def tag(self) -> str:
+        return self.nodes.tag
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -72,21 +81,7 @@ class GangEnv:
         return f"app={APP}"
 
     def add_node(self, rack: str) -> str:
-        """A free 8-GPU KWOK node in `rack`, only for this test's pods; returns once the
-        scheduler may use it (Ready, no taint but ours)."""
-        name = f"gang-{self.tag}-{len(self.nodes)}"
-        taint = {"key": TEST_KEY, "value": self.tag, "effect": "NoSchedule"}
-        self.core.create_node(fake_gpu_node(name, rack, {TEST_KEY: self.tag}, [taint]))
-        self.nodes.append(name)
-
-        def usable() -> bool:
-            node = self.core.read_node(name)
-            ready = {c.type: c.status for c in node.status.conditions or []}
-            foreign = [t.key for t in node.spec.taints or [] if t.key != TEST_KEY]
-            return ready.get("Ready") == "True" and not foreign
-
-        wait_for(usable, f"node {name} Ready and untainted", 30)
-        return name
+        return self.nodes.add(rack)
 
     def podgroup(self, name: str, min_count: int, topology: bool = False) -> None:
         spec: dict[str, Any] = {"schedulingPolicy": {"gang": {"minCount": min_count}}}
@@ -118,10 +113,8 @@ class GangEnv:
         labelled gang=`group`."""
         spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": 0,
-            "nodeSelector": {TEST_KEY: self.tag},
-            "tolerations": [
-                {"key": TEST_KEY, "operator": "Equal", "value": self.tag, "effect": "NoSchedule"}
-            ],
+            "nodeSelector": self.nodes.node_selector,
+            "tolerations": [self.nodes.toleration],
             "containers": [
                 {"name": "engine", "image": IMAGE, "resources": {"limits": {GPU_RESOURCE: "8"}}}
             ],
@@ -166,12 +159,7 @@ class GangEnv:
             return not core.list_namespaced_pod(self.namespace, label_selector=self.selector).items
 
         wait_for(gone, "test pods deleted", 30)
-        for name in self.nodes:
-            try:
-                core.delete_node(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+        self.nodes.delete()
 
 
 @pytest.fixture

@@ -137,16 +137,20 @@ def test_service_account_cannot_read_secrets_or_touch_unrelated_things(
         assert can(api, "list", "pods", namespace)
         assert can(api, "watch", "networkpolicies", namespace, "networking.k8s.io")
         assert can(api, "patch", "pddeployments/status", namespace, "pdmtp.io")
+        # A multi-node group's pods and PodGroup are the operator's own (created, deleted whole).
+        assert can(api, "create", "pods", namespace)
+        assert can(api, "delete", "pods", namespace)
+        assert can(api, "create", "podgroups", namespace, "scheduling.k8s.io")
         for verb, resource, group in [
             ("get", "secrets", ""),
             ("list", "secrets", ""),
             ("watch", "secrets", ""),
             ("create", "configmaps", ""),
-            ("delete", "pods", ""),
-            ("create", "pods", ""),
+            ("update", "pods", ""),
+            ("create", "pods/exec", ""),
             ("update", "pddeployments", "pdmtp.io"),
             ("delete", "pddeployments", "pdmtp.io"),
-            ("delete", "services", ""),
+            ("delete", "serviceaccounts", ""),
             ("create", "roles", "rbac.authorization.k8s.io"),
             ("create", "clusterrolebindings", "rbac.authorization.k8s.io"),
             ("delete", "namespaces", ""),

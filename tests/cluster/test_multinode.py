@@ -12,12 +12,14 @@ from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
-from cluster.gangwatch import GangWatch, served_podgroup_version
+from cluster.gangwatch import GangNodes, GangWatch, served_podgroup_version
 from cluster.kubehelpers import Cluster, kubectl, wait_for
 from kubernetes import client
+from localcluster import RACK_LABEL
 from operator_harness import (
     OperatorProcess,
     RolloutWatcher,
+    condition,
     create_pdd,
     get_pdd,
     patch_spec,
@@ -212,3 +214,70 @@ def _ready(pod: dict[str, Any]) -> bool:
         c["type"] == "Ready" and c["status"] == "True"
         for c in (pod.get("status") or {}).get("conditions") or []
     )
+
+
+def test_a_group_waits_whole_for_nodes_in_one_rack_and_the_status_says_so(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """(a) and (b) through the operator: a decode group of two 8-GPU pods that must share a
+    rack, on the test's own nodes. One free node in each rack: no pod of the group is bound at
+    any watch event, and the status names what waits. A second node in one rack: the whole
+    group binds there, and the PDDeployment becomes Available."""
+    nodes = GangNodes(cluster.api_client)
+    try:
+        nodes.add("rack-a")
+        nodes.add("rack-b")
+        b = pdd("racked").mtp(3, modules=3).prefill(replicas=1)
+        b.decode(
+            replicas=1,
+            tensorParallelSize=16,
+            multiNode={"nodes": 2, "layout": "TensorParallel", "topologyKey": RACK_LABEL},
+            nodeSelector=nodes.node_selector,
+            tolerations=[nodes.toleration],
+        )
+        selector = f"{v.LABEL_NAME}=racked,{v.LABEL_ROLE}=decode"
+        with GangWatch(cluster.api_client, namespace, selector, node_label=RACK_LABEL) as gangs:
+            create_pdd(cluster.api_client, namespace, b.dict())
+
+            def waiting() -> Any:
+                obj = get_pdd(cluster.api_client, namespace, "racked")
+                found = condition(obj, "Progressing")
+                return (
+                    found
+                    and "racked-" in found["message"]
+                    and "decode-g0" in found["message"]
+                    and found
+                )
+
+            said = wait_for(waiting, "the status names the waiting group's pods", 60, 0.3)
+            assert said["reason"] == reasons.PODS_UNSCHEDULABLE, said
+            time.sleep(3)
+            assert all(s.bound == 0 for o in gangs.history() for s in o.groups.values())
+            nodes.add("rack-b")
+            wait_settled(cluster.api_client, namespace, "racked", 60)
+        assert gangs.violations() == [], gangs.report()
+        decode = _raw_pods(cluster, namespace, "racked")
+        placed = {
+            p["spec"]["nodeName"]
+            for p in decode
+            if p["metadata"]["labels"][v.LABEL_ROLE] == "decode"
+        }
+        assert placed == set(nodes.names[1:]), (placed, nodes.names)
+    finally:
+        client.CustomObjectsApi(cluster.api_client).delete_namespaced_custom_object(
+            v.GROUP, v.VERSION, namespace, v.PLURAL, "racked"
+        )
+        wait_for(
+            lambda: (
+                not [
+                    p
+                    for p in client.CoreV1Api(cluster.api_client)
+                    .list_namespaced_pod(namespace)
+                    .items
+                    if p.spec.node_name in nodes.names
+                ]
+            ),
+            "the group's pods gone",
+            60,
+        )
+        nodes.delete()

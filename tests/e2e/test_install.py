@@ -54,6 +54,9 @@ def test_operator_rbac_is_least_privilege(kind: Kind) -> None:
         ("delete", "deployments.apps"),
         ("list", "pods"),
         ("patch", "pods"),  # annotations only: a pod leaving routing before a scale-down
+        ("create", "pods"),  # a multi-node group's pods, created and deleted whole
+        ("delete", "pods"),
+        ("create", "podgroups.scheduling.k8s.io"),
         ("create", "services"),
         ("create", "networkpolicies.networking.k8s.io"),
         ("create", "events"),
@@ -61,8 +64,9 @@ def test_operator_rbac_is_least_privilege(kind: Kind) -> None:
     denied = [
         ("get", "secrets"),
         ("list", "configmaps"),
-        ("delete", "pods"),
-        ("create", "pods"),
+        ("update", "pods"),
+        ("create", "pods/exec"),
+        ("delete", "serviceaccounts"),
         ("patch", "pddeployments.pdmtp.io"),  # spec belongs to the user; status only
         ("create", "clusterroles.rbac.authorization.k8s.io"),
         ("patch", "nodes"),
