@@ -11,17 +11,27 @@ vLLM 0.33 spans nodes in two ways, both with the multiprocessing backend (no Ray
 - **TensorParallel**: one engine whose tensorParallelSize x pipelineParallelSize GPUs are split
   evenly over the pods (`--nnodes/--node-rank/--master-addr/--master-port`, ranks > 0 headless).
 
+The rules below mirror vLLM 0.33's own checks of these shapes (`EngineArgs.create_engine_config`
+in vllm/engine/arg_utils.py, `ParallelConfig` in vllm/config/parallel.py, `serve`'s headless path
+in vllm/entrypoints/cli/serve.py), so a spec the engine would refuse at start-up is refused at
+admission instead: the wiring flags are owned (`pdmtp.api.flags`), and a multi-node role's
+extraArgs (its own and spec.engine's) leave the group's sizes, backend, load balancing and API
+servers alone (`GROUP_ARGS`).
+
 Like the rest of `pdmtp.api`, this module imports nothing from `pdmtp.core`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import ConfigDict, Field
 
 from pdmtp.api import rules as r
 from pdmtp.api.base import Model
+from pdmtp.api.flags import flag_pattern, flags_in
 from pdmtp.api.rules import Checked, Rule, model_rules
 
 Layout = Literal["DataParallel", "TensorParallel"]
@@ -83,7 +93,10 @@ class MultiNodeSpec(Model):
     )
     expert_parallel: bool = Field(
         default=False,
-        description="Shard MoE experts over the ranks (`--enable-expert-parallel`).",
+        description=(
+            "Shard MoE experts over the ranks (`--enable-expert-parallel`); vLLM refuses it for "
+            "a model without experts. Needed for `--enable-eplb` in extraArgs."
+        ),
     )
     topology_key: (
         Annotated[
@@ -120,3 +133,173 @@ def gpus_per_pod(
     if shape.layout == "DataParallel":
         return (shape.data_parallel_size or shape.nodes) // shape.nodes * world, 0
     return world // shape.nodes, world % shape.nodes
+
+
+# ---- what a multi-node role's extraArgs leave alone ----------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupArgs:
+    """`vllm serve` flags a role with multiNode must not carry in its extraArgs or in
+    spec.engine.extraArgs (which reach every rank): `why` is vLLM's check and the fix."""
+
+    flags: tuple[str, ...]
+    why: str
+
+    @property
+    def pattern(self) -> str:
+        return flag_pattern(self.flags)
+
+    def found(self, args: Iterable[str]) -> list[str]:
+        return flags_in(self.pattern, self.flags, args)
+
+
+GROUP_ARGS: Final = (
+    GroupArgs(
+        (
+            "--data-parallel-size",
+            "-dp",
+            "--enable-expert-parallel",
+            "-ep",
+            "--no-enable-expert-parallel",
+            "--enable-elastic-ep",
+            "--elastic-ep-max-dp-size",
+        ),
+        "multiNode sets them, the same on every rank of a group, and a group's size is fixed "
+        "(elastic EP would change it at run time): set multiNode.dataParallelSize and "
+        "multiNode.expertParallel instead",
+    ),
+    GroupArgs(
+        ("--prefill-context-parallel-size", "-pcp"),
+        "vLLM counts it into the world size that --nnodes must divide and into each rank's GPUs, "
+        "which pdmtp sizes from tensorParallelSize x pipelineParallelSize: remove it",
+    ),
+    GroupArgs(
+        ("--distributed-executor-backend", "--data-parallel-backend", "-dpb"),
+        "a group runs vLLM's multiprocessing backend, with no Ray cluster in its pods (vLLM "
+        "refuses --nnodes > 1 with --data-parallel-backend ray or an executor other than mp, "
+        "uni or external_launcher): remove it",
+    ),
+    GroupArgs(
+        (
+            "--data-parallel-hybrid-lb",
+            "-dph",
+            "--data-parallel-external-lb",
+            "-dpe",
+            "--data-parallel-multi-port-external-lb",
+            "-dpm",
+            "--enable-fault-tolerance",
+            "--fault-tolerance-config",
+        ),
+        "a group is one engine behind its leader's API server (vLLM's internal load balancing; "
+        "vLLM refuses hybrid LB on the headless ranks, two LB modes at once, and fault "
+        "tolerance without external LB): remove it",
+    ),
+    GroupArgs(
+        ("--api-server-count", "-asc"),
+        "the ranks after the leader run --headless, and vLLM refuses --api-server-count in "
+        "headless mode: remove it",
+    ),
+)
+
+EPLB_FLAGS: Final = ("--enable-eplb",)
+EPLB_PATTERN: Final = flag_pattern(EPLB_FLAGS)
+
+_ROLES: Final = ("prefill", "decode")
+
+
+def _cel_free(args: str, pattern: str) -> str:
+    """CEL: the list `args` (a field, maybe unset) sets none of the flags `pattern` matches."""
+    return f"(!has({args}) || {args}.all(a, !a.matches('{r.re2(pattern)}')))"
+
+
+def _cel_eplb_ok(role: str) -> str:
+    """CEL: the multi-node role `role` (a path) can run EPLB: expert parallel over more than
+    one rank (a DataParallel group, or tensorParallelSize > 1)."""
+    shape = f"{role}.multiNode"
+    return (
+        f"(has({shape}.expertParallel) && {shape}.expertParallel && "
+        f"({shape}.layout == 'DataParallel' || {role}.tensorParallelSize > 1))"
+    )
+
+
+def _eplb_ok(role: Any) -> bool:
+    shape = role.multi_node
+    return bool(shape.expert_parallel) and (
+        shape.layout == "DataParallel" or role.tensor_parallel_size > 1
+    )
+
+
+def _shown(flags: tuple[str, ...]) -> str:
+    """`--data-parallel-size/-dp, --enable-expert-parallel/-ep`: a short form after its long."""
+    shown: list[str] = []
+    for flag in flags:
+        if shown and not flag.startswith("--"):
+            shown[-1] += "/" + flag
+        else:
+            shown.append(flag)
+    return ", ".join(shown)
+
+
+def role_args_rule(group: GroupArgs) -> Rule:
+    """On a role: with multiNode, its own extraArgs set none of `group`'s flags."""
+    return Rule(
+        f"!has(self.multiNode) || {_cel_free('self.extraArgs', group.pattern)}",
+        f"spec.<role>.extraArgs of a role with multiNode must not set {_shown(group.flags)}: "
+        f"{group.why}",
+        lambda role: role.multi_node is None or not group.found(role.extra_args),
+    )
+
+
+def engine_args_rule(group: GroupArgs) -> Rule:
+    """On the spec: while a role has multiNode, spec.engine.extraArgs set none of them."""
+    grouped = " || ".join(f"has(self.{role}.multiNode)" for role in _ROLES)
+    return Rule(
+        f"!({grouped}) || !has(self.engine) || {_cel_free('self.engine.extraArgs', group.pattern)}",
+        f"spec.engine.extraArgs must not set {_shown(group.flags)} while a role has multiNode "
+        f"(they reach every rank of both roles): {group.why}",
+        lambda spec: (
+            all(getattr(spec, role).multi_node is None for role in _ROLES)
+            or not group.found(spec.engine.extra_args)
+        ),
+    )
+
+
+EPLB_WHY: Final = (
+    "needs expert parallelism over more than one rank, which for a role with multiNode is "
+    "multiNode.expertParallel: true with layout DataParallel or tensorParallelSize > 1 (vLLM: "
+    "enable_expert_parallel must be True to use EPLB, and EPLB needs tensor or data "
+    "parallelism): set them or remove --enable-eplb"
+)
+ROLE_EPLB_RULE: Final = Rule(
+    f"!has(self.multiNode) || {_cel_eplb_ok('self')} || "
+    f"{_cel_free('self.extraArgs', EPLB_PATTERN)}",
+    f"spec.<role>.extraArgs: --enable-eplb in a role with multiNode {EPLB_WHY}",
+    lambda role: (
+        role.multi_node is None
+        or _eplb_ok(role)
+        or not flags_in(EPLB_PATTERN, EPLB_FLAGS, role.extra_args)
+    ),
+)
+ENGINE_EPLB_RULE: Final = Rule(
+    "!has(self.engine) || "
+    + f"{_cel_free('self.engine.extraArgs', EPLB_PATTERN)} || ("
+    + " && ".join(
+        f"(!has(self.{role}.multiNode) || {_cel_eplb_ok(f'self.{role}')})" for role in _ROLES
+    )
+    + ")",
+    "spec.engine.extraArgs: --enable-eplb reaches every role, and a role with multiNode "
+    + EPLB_WHY,
+    lambda spec: (
+        not flags_in(EPLB_PATTERN, EPLB_FLAGS, spec.engine.extra_args)
+        or all(
+            getattr(spec, role).multi_node is None or _eplb_ok(getattr(spec, role))
+            for role in _ROLES
+        )
+    ),
+)
+
+ROLE_GROUP_ARGS_RULES: Final = (*(role_args_rule(g) for g in GROUP_ARGS), ROLE_EPLB_RULE)
+"""On spec.<role>: a multi-node role's own extraArgs."""
+ENGINE_GROUP_ARGS_RULES: Final = (*(engine_args_rule(g) for g in GROUP_ARGS), ENGINE_EPLB_RULE)
+"""On spec: spec.engine.extraArgs while a role spans nodes."""

@@ -23,7 +23,13 @@ from pdmtp.api.base import Model, defaulted
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.flags import OWNED_FLAG_PATTERN, OWNED_FLAGS
 from pdmtp.api.methods import DRAFT_MODEL_METHODS, MTP_METHOD_ALIASES, SPECULATIVE_METHODS
-from pdmtp.api.multinode import MAX_GPUS_PER_POD, MultiNodeSpec, gpus_per_pod
+from pdmtp.api.multinode import (
+    ENGINE_GROUP_ARGS_RULES,
+    MAX_GPUS_PER_POD,
+    ROLE_GROUP_ARGS_RULES,
+    MultiNodeSpec,
+    gpus_per_pod,
+)
 from pdmtp.api.pod import (
     OWNED_ENV_RULE,
     EnvFromSource,
@@ -52,7 +58,7 @@ def _extra_args_rule(what: str) -> Rule:
         f"self.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
         f"{what} must not set flags owned by typed fields ({_OWNED_FLAG_LIST} and their short "
         "forms): set spec.model, spec.engine, spec.speculative, spec.kvTransfer or the role's "
-        "tensorParallelSize/pipelineParallelSize instead",
+        "tensorParallelSize/pipelineParallelSize/multiNode instead",
         finding=reasons.OWNED_FLAG_IN_EXTRA_ARGS,
     )
 
@@ -378,7 +384,7 @@ GROUP_GPUS_RULE = Rule(
 class RoleSpec(Model):
     """One engine role (prefill or decode)."""
 
-    RULES = (TP_SPLIT_RULE, GROUP_GPUS_RULE)
+    RULES = (TP_SPLIT_RULE, GROUP_GPUS_RULE, *ROLE_GROUP_ARGS_RULES)
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     replicas: int = Field(
@@ -776,6 +782,7 @@ class PDDeploymentSpec(Model):
         BAND_REACHABLE_RULE,
         CANARY_BUDGET_RULE,
         *AUTOSCALING_SPEC_RULES,
+        *ENGINE_GROUP_ARGS_RULES,
     )
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
