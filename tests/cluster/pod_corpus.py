@@ -9,7 +9,12 @@ dry run of the children refuses it, and so does `pdmtp validate --server`; offli
 validate` accepts it. `accepted`: Kubernetes accepts it too (shown so the line is drawn).
 
 tests/cluster/test_pod_admission.py proves every row against a real API server;
-tests/unit/test_pod_corpus.py keeps docs/validation-corpus.md equal to `table()`:
+tests/unit/test_pod_corpus.py keeps docs/validation-corpus.md equal to `table()`.
+
+`MULTI_NODE`: the shapes a multi-node role (spec.<role>.multiNode) cannot take, each the mirror
+of one of vLLM 0.33's own start-up checks or of what the operator renders, and the shapes it can;
+tests/unit/test_multinode_validation.py proves each row offline (`pdmtp validate`) and
+tests/cluster/test_validation_corpus.py on the real API server:
 
     .venv/bin/python tests/cluster/pod_corpus.py > docs/validation-corpus.md
 """
@@ -44,7 +49,7 @@ def base() -> Doc:
     return pdd("corpus").mtp(3, modules=3).dict()
 
 
-def doc(case: Case) -> Doc:
+def doc(case: Case | Shape) -> Doc:
     out = copy.deepcopy(base())
     case.change(out)
     return out
@@ -480,6 +485,275 @@ CASES += [
     ),
 ]
 
+
+# ---- multi-node shapes (spec.<role>.multiNode) -----------------------------------------------
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    change: Callable[[Doc], None]
+    layer: str
+    """schema, CEL (pdmtp validate: unusable, exit 2), owned (the owned-flags CEL rule; pdmtp
+    validate: incompatible, exit 1) or accepted."""
+    words: str
+    """Text both refusals contain (`pdmtp validate` and `kubectl apply`)."""
+    vllm: str = ""
+    """The check of vLLM 0.33 the row mirrors ("" where the row is pdmtp's own)."""
+
+    @property
+    def exit_code(self) -> int:
+        """`pdmtp validate`'s exit code for it."""
+        return {"accepted": 0, "owned": 1}.get(self.layer, 2)
+
+
+DP16_EP = {"nodes": 2, "layout": "DataParallel", "dataParallelSize": 16, "expertParallel": True}
+TP2 = {"nodes": 2, "layout": "TensorParallel"}
+ARGS = "spec.<role>.extraArgs of a role with multiNode must not set"
+ENGINE_ARGS = "spec.engine.extraArgs must not set"
+OWNED = "must not set flags owned by typed fields"
+EPLB = "--enable-eplb in a role with multiNode needs expert parallelism over more than one rank"
+ARG_UTILS = "arg_utils.py create_engine_config"
+PARALLEL = "config/parallel.py ParallelConfig"
+
+
+def grouped(role_name: str, shape: Doc, **fields: Any) -> Callable[[Doc], None]:
+    """`role_name` spans nodes with `shape` (tensorParallelSize 1 unless `fields` say)."""
+    return role(role_name, multiNode=shape, **{"tensorParallelSize": 1, **fields})
+
+
+def engine_args(*args: str) -> Callable[[Doc], None]:
+    return at("spec.engine", {"extraArgs": list(args)})
+
+
+MULTI_NODE = [
+    # ---- the shape itself
+    Shape(
+        "a group of one node",
+        grouped("decode", {"nodes": 1, "layout": "TensorParallel"}),
+        "schema",
+        "spec.decode.multiNode.nodes",
+    ),
+    Shape(
+        "layout Pipeline (not a layout)",
+        grouped("decode", {"nodes": 2, "layout": "Pipeline"}, tensorParallelSize=2),
+        "schema",
+        "spec.decode.multiNode.layout",
+    ),
+    Shape(
+        "DataParallel without dataParallelSize",
+        grouped("decode", {"nodes": 2, "layout": "DataParallel"}),
+        "CEL",
+        "multiNode.layout DataParallel needs multiNode.dataParallelSize",
+    ),
+    Shape(
+        "TensorParallel with a dataParallelSize",
+        grouped("decode", {**TP2, "dataParallelSize": 4}, tensorParallelSize=2),
+        "CEL",
+        "multiNode.dataParallelSize is for layout DataParallel",
+    ),
+    Shape(
+        "dataParallelSize 6 over 4 nodes",
+        grouped("decode", {"nodes": 4, "layout": "DataParallel", "dataParallelSize": 6}),
+        "CEL",
+        "multiNode.dataParallelSize must be a multiple of multiNode.nodes",
+        f"{PARALLEL}: data_parallel_size_local <= data_parallel_size, the same on every node",
+    ),
+    Shape(
+        "TensorParallel 4 GPUs over 3 nodes",
+        grouped("prefill", {"nodes": 3, "layout": "TensorParallel"}, tensorParallelSize=4),
+        "CEL",
+        "spec.<role>.multiNode.nodes must divide the role's tensorParallelSize x",
+        f"{ARG_UTILS}: --nnodes must evenly divide the total world size",
+    ),
+    Shape(
+        "TensorParallel tensorParallelSize 2 x pipelineParallelSize 3 over 4 nodes",
+        grouped(
+            "prefill",
+            {"nodes": 4, "layout": "TensorParallel"},
+            tensorParallelSize=2,
+            pipelineParallelSize=3,
+        ),
+        "CEL",
+        "spec.<role>.multiNode.nodes must divide the role's tensorParallelSize x",
+        f"{ARG_UTILS}: --nnodes must evenly divide the total world size",
+    ),
+    Shape(
+        "DataParallel 128 ranks of 2 GPUs on 2 nodes (128 GPUs a pod)",
+        grouped(
+            "decode",
+            {"nodes": 2, "layout": "DataParallel", "dataParallelSize": 128},
+            tensorParallelSize=2,
+        ),
+        "CEL",
+        "at most 64 per pod",
+    ),
+    Shape(
+        "a topologyKey with a space",
+        grouped("decode", {**DP16_EP, "topologyKey": "rack zone"}),
+        "CEL",
+        "multiNode.topologyKey must be a node label key",
+    ),
+    # ---- extraArgs that would undo the group (its sizes, backend, load balancing, servers)
+    Shape(
+        "--data-parallel-size in a multi-node role's extraArgs",
+        grouped("decode", DP16_EP, extraArgs=["--data-parallel-size", "8"]),
+        "CEL",
+        f"{ARGS} --data-parallel-size/-dp",
+    ),
+    Shape(
+        "-ep in spec.engine.extraArgs while decode spans nodes",
+        both(grouped("decode", DP16_EP), engine_args("-ep")),
+        "CEL",
+        f"{ENGINE_ARGS} --data-parallel-size/-dp, --enable-expert-parallel/-ep",
+    ),
+    Shape(
+        "--no-enable-expert-parallel in an expert-parallel group's extraArgs",
+        grouped("decode", DP16_EP, extraArgs=["--no-enable-expert-parallel"]),
+        "CEL",
+        f"{ARGS} --data-parallel-size/-dp",
+    ),
+    Shape(
+        "-pcp 2 in a TensorParallel group's extraArgs",
+        grouped("prefill", TP2, tensorParallelSize=8, extraArgs=["-pcp", "2"]),
+        "CEL",
+        f"{ARGS} --prefill-context-parallel-size/-pcp",
+        f"{ARG_UTILS}: the world size --nnodes divides is DP x PP x TP x PCP",
+    ),
+    Shape(
+        "--distributed-executor-backend ray in a TensorParallel group",
+        grouped(
+            "prefill",
+            TP2,
+            tensorParallelSize=8,
+            extraArgs=["--distributed-executor-backend", "ray"],
+        ),
+        "CEL",
+        f"{ARGS} --distributed-executor-backend, --data-parallel-backend/-dpb",
+        f"{PARALLEL}.__post_init__: nnodes > 1 only with executor backend mp, uni or "
+        "external_launcher",
+    ),
+    Shape(
+        "--data-parallel-backend=ray in spec.engine.extraArgs while decode spans nodes",
+        both(grouped("decode", DP16_EP), engine_args("--data-parallel-backend=ray")),
+        "CEL",
+        f"{ENGINE_ARGS} --distributed-executor-backend, --data-parallel-backend/-dpb",
+        f"{ARG_UTILS}: --nnodes > 1 requires --data-parallel-backend mp",
+    ),
+    Shape(
+        "--data-parallel-hybrid-lb in a DataParallel group",
+        grouped("decode", DP16_EP, extraArgs=["--data-parallel-hybrid-lb"]),
+        "CEL",
+        f"{ARGS} --data-parallel-hybrid-lb/-dph",
+        f"{ARG_UTILS}: data_parallel_hybrid_lb is not applicable in headless mode",
+    ),
+    Shape(
+        "--enable-fault-tolerance in a DataParallel group",
+        grouped("decode", DP16_EP, extraArgs=["--enable-fault-tolerance"]),
+        "CEL",
+        f"{ARGS} --data-parallel-hybrid-lb/-dph",
+        f"{ARG_UTILS}: fault tolerance requires external load balancer mode",
+    ),
+    Shape(
+        "--api-server-count 2 in a DataParallel group",
+        grouped("decode", DP16_EP, extraArgs=["--api-server-count", "2"]),
+        "CEL",
+        f"{ARGS} --api-server-count/-asc",
+        "entrypoints/cli/serve.py: --api-server-count cannot be used with --headless",
+    ),
+    Shape(
+        "--enable-eplb in a group without expertParallel",
+        grouped("decode", {**DP16_EP, "expertParallel": False}, extraArgs=["--enable-eplb"]),
+        "CEL",
+        EPLB,
+        f"{PARALLEL}: enable_expert_parallel must be True to use EPLB",
+    ),
+    Shape(
+        "--enable-eplb in spec.engine.extraArgs, a TensorParallel group of tensorParallelSize 1",
+        both(
+            grouped("prefill", {**TP2, "expertParallel": True}, pipelineParallelSize=2),
+            engine_args("--enable-eplb"),
+        ),
+        "CEL",
+        EPLB.replace("--enable-eplb in a role", "--enable-eplb reaches every role, and a role"),
+        f"{PARALLEL}: EPLB requires tensor, prefill-context, or data parallelism",
+    ),
+    # ---- the wiring the operator gives each rank (owned flags, in every spec)
+    Shape(
+        "--headless in a role's extraArgs", role("decode", extraArgs=["--headless"]), "owned", OWNED
+    ),
+    Shape(
+        "-n2 in spec.engine.extraArgs (a short form with its value attached)",
+        engine_args("-n2"),
+        "owned",
+        OWNED,
+        f"{ARG_UTILS}: --node-rank between 0 and --nnodes - 1 (the operator sets both per rank)",
+    ),
+    Shape(
+        "--data-parallel-start-rank in a multi-node role's extraArgs",
+        grouped("decode", DP16_EP, extraArgs=["--data-parallel-start-rank=8"]),
+        "owned",
+        OWNED,
+        f"{PARALLEL}.__post_init__: data_parallel_rank within [0, data_parallel_size); "
+        "entrypoints/cli/serve.py: a start rank beside an API server is hybrid LB",
+    ),
+    Shape(
+        "--master-port in a TensorParallel group's extraArgs",
+        grouped("prefill", TP2, tensorParallelSize=8, extraArgs=["--master-port=29600"]),
+        "owned",
+        OWNED,
+    ),
+    # ---- shapes that work
+    Shape(
+        "2 nodes, DataParallel 16 with expert parallel, one rack (decode)",
+        grouped("decode", {**DP16_EP, "topologyKey": "topology.kubernetes.io/zone"}),
+        "accepted",
+        "",
+    ),
+    Shape(
+        "2 nodes, TensorParallel 16 GPUs (prefill; decode tensorParallelSize 8)",
+        both(
+            grouped("prefill", TP2, tensorParallelSize=16),
+            role("decode", tensorParallelSize=8),
+        ),
+        "accepted",
+        "",
+    ),
+    Shape(
+        "4 nodes, TensorParallel 8 x pipelineParallelSize 4",
+        both(
+            grouped(
+                "prefill",
+                {"nodes": 4, "layout": "TensorParallel"},
+                tensorParallelSize=8,
+                pipelineParallelSize=4,
+            ),
+            role("decode", tensorParallelSize=8),
+        ),
+        "accepted",
+        "",
+    ),
+    Shape(
+        "--enable-eplb in an expert-parallel DataParallel group",
+        grouped("decode", DP16_EP, extraArgs=["--enable-eplb"]),
+        "accepted",
+        "",
+    ),
+    Shape(
+        "-dp 2 --enable-expert-parallel on a one-pod prefill beside a multi-node decode",
+        both(
+            role("prefill", extraArgs=["-dp", "2", "--enable-expert-parallel"]),
+            grouped("decode", DP16_EP),
+        ),
+        "accepted",
+        "",
+    ),
+    Shape(
+        "--max-num-seqs in a multi-node role's extraArgs",
+        grouped("decode", DP16_EP, extraArgs=["--max-num-seqs=64"]),
+        "accepted",
+        "",
+    ),
+]
+
 REFUSED_BY = {
     "schema": "`kubectl apply`: the CRD's schema (core/v1)",
     "CEL": "`kubectl apply`: the CRD's CEL rule",
@@ -519,7 +793,39 @@ def table() -> str:
     # The YAML corpus (issue 29): what kubectl sends for each file, and what pdmtp validate reads.
     from cluster.yaml_corpus import table as yaml_table
 
-    return "\n".join(lines) + "\n\n" + yaml_table()
+    return "\n".join(lines) + "\n\n" + multi_node_table() + "\n" + yaml_table()
+
+
+SHAPE_REFUSED_BY = {
+    "schema": "the CRD's schema",
+    "CEL": "the CRD's CEL rule",
+    "owned": "the CRD's CEL rule (owned flags)",
+    "accepted": "nothing: accepted",
+}
+SHAPE_VERDICT = {0: "accepted (exit 0)", 1: "incompatible (exit 1)", 2: "refused (exit 2)"}
+
+
+def multi_node_table() -> str:
+    lines = [
+        "## Multi-node shapes (spec.<role>.multiNode)",
+        "",
+        "A role whose replica spans nodes: each shape it cannot take, refused at `kubectl apply` "
+        "and by `pdmtp validate` in the same words, with the check of vLLM 0.33 it mirrors (the "
+        "engine would refuse it at start-up, on every rank), and shapes that work. "
+        "tests/unit/test_multinode_validation.py proves every row offline, "
+        "tests/cluster/test_validation_corpus.py against a real API server (`kubectl apply "
+        "--dry-run=server`).",
+        "",
+        "| # | shape | refused at admission by | `pdmtp validate` | words | vLLM 0.33 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for i, shape in enumerate(MULTI_NODE, start=1):
+        words = f"`{shape.words}`" if shape.words else ""
+        lines.append(
+            f"| {i} | {shape.name} | {SHAPE_REFUSED_BY[shape.layer]} | "
+            f"{SHAPE_VERDICT[shape.exit_code]} | {words} | {shape.vllm} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Offline validation agrees with admission: a corpus of bad specs, each fed to `pdmtp validate`
 and to `kubectl apply --dry-run=server` on the real API server. Both refuse every one, `pdmtp
 validate` with a one-line reason and no traceback; where the API server's refusal comes from one
-of the CRD's CEL rules, both say the rule's own words. The samples pass both."""
+of the CRD's CEL rules, both say the rule's own words. The samples pass both.
+
+The multi-node shapes (cluster/pod_corpus.py MULTI_NODE, docs/validation-corpus.md): every shape
+vLLM would refuse is refused by both in the same words, every good one stored by both."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import pytest
 import yaml
 from builders import pdd
 from cluster.kubehelpers import Cluster
+from cluster.pod_corpus import MULTI_NODE, Shape
+from cluster.pod_corpus import doc as shape_doc
 
 REPO = Path(__file__).resolve().parents[2]
 PDMTP = Path(sys.executable).parent / "pdmtp"
@@ -325,5 +330,35 @@ def test_samples_pass_both(
     path = tmp_path / sample
     path.write_text(yaml.safe_dump(doc))
     assert pdmtp_validate(path).returncode == 0
+    done = kubectl_apply(cluster, namespace, path)
+    assert done.returncode == 0, done.stderr
+
+
+GROUP_REFUSED = [s for s in MULTI_NODE if s.layer != "accepted"]
+GROUP_ACCEPTED = [s for s in MULTI_NODE if s.layer == "accepted"]
+
+
+@pytest.mark.parametrize("shape", GROUP_REFUSED, ids=[s.name for s in GROUP_REFUSED])
+def test_multi_node_shapes_are_refused_alike(
+    shape: Shape, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "pdd.yaml"
+    path.write_text(yaml.safe_dump(shape_doc(shape), sort_keys=False))
+    offline = pdmtp_validate(path)
+    assert_refused_in_one_line(offline, shape.exit_code)
+    assert shape.words in offline.stdout, offline.stdout
+    admission = kubectl_apply(cluster, namespace, path)
+    assert admission.returncode != 0, f"the API server stored it:\n{admission.stdout}"
+    assert shape.words in admission.stderr, admission.stderr
+
+
+@pytest.mark.parametrize("shape", GROUP_ACCEPTED, ids=[s.name for s in GROUP_ACCEPTED])
+def test_good_multi_node_shapes_pass_both(
+    shape: Shape, cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "pdd.yaml"
+    path.write_text(yaml.safe_dump(shape_doc(shape), sort_keys=False))
+    offline = pdmtp_validate(path)
+    assert offline.returncode == 0, offline.stdout + offline.stderr
     done = kubectl_apply(cluster, namespace, path)
     assert done.returncode == 0, done.stderr
