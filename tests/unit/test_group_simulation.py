@@ -42,7 +42,9 @@ nothing. The API server refuses nothing on the way.
 
 Hypothesis does not shrink here (an example is a whole simulation; shrinking one runs for
 minutes): a `Violation` says which check broke, when, the spec, the recent history and every pod.
-The last tests pin what the simulation found (strict xfails until the operator is fixed).
+The last tests pin what the simulation found: a router held at zero while its revision has no
+ready group of a role (render.router_deployment) was read as "never took traffic", and the
+revision retired at once, with no drain, ending a held canary unpromoted.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from fake_cluster import FakeCluster
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
@@ -968,13 +969,6 @@ def test_scaling_groups_up_and_down_with_failures_keeps_every_check(
 
 # ---- what the simulation found -----------------------------------------------------------------
 
-BROKEN_ANCHOR = (
-    "core/render.router_deployment scales a revision's router to 0 on its own whenever its "
-    "membership is not routable (here: the anchor's last decode group broke), and "
-    "core/planner._step_old then reads router replicas 0 with no router pod and no drain mark as "
-    "'never took traffic' and retires the revision at once"
-)
-
 
 def _held_canary(drain_seconds: int) -> tuple[Sim, str]:
     """Decode in 3-node groups, 2 replicas per role, a 50% canary held: the anchor keeps one
@@ -1007,7 +1001,6 @@ def _break_a_member(sim: Sim, revision: str, role: EngineRole) -> None:
     sim.changed()
 
 
-@pytest.mark.xfail(strict=True, reason=f"a canary ends unpromoted: {BROKEN_ANCHOR}")
 def test_an_anchor_that_loses_its_last_group_keeps_the_canary_held() -> None:
     """A member of the anchor's one decode group fails during the hold: the group is replaced,
     and until someone promotes the canary the rollout must not complete, nor the anchor go."""
@@ -1019,9 +1012,16 @@ def test_an_anchor_that_loses_its_last_group_keeps_the_canary_held() -> None:
         assert any(labels(o).get(v.LABEL_REVISION) == old for o in sim.fc.objects.values()), (
             f"the anchor {old} was retired unpromoted: {sim.log}"
         )
+    sim.run_until(
+        lambda: (
+            sim.phase == "CanaryHold"
+            and any(s.revision == old and s.router.ready for s in sim.states())
+        ),
+        HOLD_STEPS,
+        "the anchor serving again, the canary held",
+    )
 
 
-@pytest.mark.xfail(strict=True, reason=f"no drain: {BROKEN_ANCHOR}")
 def test_a_revision_unrouted_by_a_broken_group_keeps_its_pods_for_the_drain() -> None:
     """Invariant 4: an old revision's pods stay drainSeconds after its traffic stopped, here
     when it stopped because its last decode group broke."""
@@ -1045,3 +1045,45 @@ def test_a_revision_unrouted_by_a_broken_group_keeps_its_pods_for_the_drain() ->
                 f"the old prefill pods went {sim.t - stopped:.0f}s after {old} stopped taking "
                 f"traffic, drainSeconds is 30: {sim.log}"
             )
+
+
+def test_an_old_revision_whose_last_group_breaks_mid_roll_drains_before_it_goes() -> None:
+    """A plain roll (no canary): the old revision's one decode group breaks while both revisions
+    serve. Whether the planner then drains it or waits for its group, its prefill pods stay at
+    least drainSeconds after it stopped taking traffic (invariant 4)."""
+    shapes = {"prefill": Shape(), "decode": Shape(3, "TensorParallel", 6)}
+    obj = body(shapes, {"prefill": 1, "decode": 1}, Rollout((1, 0), 30), 1)
+    sim = Sim.start(obj, shapes, random.Random(2), monitored=False)
+    sim.run_until(lambda: sim.converged() is None, UP_STEPS, "the first rollout's completion")
+    old = sim.revision
+
+    def bump(spec: Obj) -> None:
+        spec["speculative"]["numSpeculativeTokens"] = 2
+
+    sim.edit("k=2", bump)
+
+    def both_serve() -> bool:
+        serving = {s.revision for s in sim.states() if s.router.ready}
+        return old in serving and len(serving) == 2
+
+    sim.run_until(both_serve, HOLD_STEPS, "both revisions serving")
+    _break_a_member(sim, old, "decode")
+    stopped: float | None = None
+    for _ in range(120):
+        sim.step()
+        if stopped is None and not any(s.revision == old and s.router.ready for s in sim.states()):
+            stopped = sim.t
+        prefills = [
+            n
+            for n, p in sim.fc.pods.items()
+            if labels(p).get(v.LABEL_REVISION) == old
+            and labels(p).get(v.LABEL_ROLE) == "prefill"
+            and not sim.fc.terminating(n)
+        ]
+        if stopped is not None and sim.t < stopped + 30:
+            assert prefills, (
+                f"the old prefill pods went {sim.t - stopped:.0f}s after {old} stopped taking "
+                f"traffic, drainSeconds is 30: {sim.log}"
+            )
+    assert stopped is not None, f"{old} never stopped serving: {sim.log}"
+    sim.run_until(lambda: sim.converged() is None, CONVERGE_STEPS, "convergence")

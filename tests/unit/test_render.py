@@ -11,7 +11,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.effective import resolve
-from pdmtp.core.observe import Membership, Prefill
+from pdmtp.core.observe import Membership, Prefill, revision_states
 from pdmtp.core.render import (
     RevisionReplicas,
     engine_args,
@@ -300,5 +300,13 @@ def test_router_lists_exactly_its_membership_and_stays_down_without_one() -> Non
     assert tmpl["spec"]["automountServiceAccountToken"] is False
     down = router_deployment(obj, eff, "rev1", 2, Membership((), ("http://192.0.2.2:8000",), "t2"))
     assert down["spec"]["replicas"] == 0
+    # Parked, not retired: the planner still reads the revision as routed (2 router replicas).
+    assert down["metadata"]["annotations"] == {v.ANNOTATION_ROUTER_PARKED: "2"}
+    assert revision_states([down], [])[0].router.replicas == 2
+    assert revision_states([up], [])[0].router.replicas == 2
+    assert v.ANNOTATION_ROUTER_PARKED not in (up["metadata"].get("annotations") or {})
     drained = router_deployment(obj, eff, "rev1", 0, members, drain_until="2026-01-01T00:00:00Z")
-    assert drained["metadata"]["annotations"][v.ANNOTATION_DRAIN_UNTIL] == "2026-01-01T00:00:00Z"
+    assert drained["metadata"]["annotations"] == {v.ANNOTATION_DRAIN_UNTIL: "2026-01-01T00:00:00Z"}
+    assert revision_states([drained], [])[0].router.replicas == 0
+    unrouted = router_deployment(obj, eff, "rev1", 0, Membership((), (), "t3"))
+    assert "annotations" not in unrouted["metadata"] or not unrouted["metadata"]["annotations"]

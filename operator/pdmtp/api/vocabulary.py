@@ -50,6 +50,10 @@ ANNOTATION_BOOTSTRAP_PORT: Final = f"{GROUP}/bootstrap-port"
 """The Mooncake bootstrap port of a prefill pod, read by the router's service discovery."""
 ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
 """RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
+ANNOTATION_ROUTER_PARKED: Final = f"{GROUP}/router-parked"
+"""On a router Deployment held at zero because its revision has no ready prefill or no ready
+decode to list (e.g. its last group broke): the replicas the planner asked for. The revision took
+traffic and still counts as routed: it leaves only through a drain, and a canary's anchor stays."""
 ANNOTATION_ROUTER_MEMBERSHIP: Final = f"{GROUP}/router-membership"
 """Token of the engines a router was started with: a change restarts the router (docs/router.md)."""
 ANNOTATION_PROMOTE: Final = f"{GROUP}/promote"

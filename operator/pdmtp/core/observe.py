@@ -164,6 +164,10 @@ def rejected_pods(deployments: Iterable[Obj]) -> list[PodIssue]:
 
 def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
+    if deployment is not None and replicas == 0:
+        # A parked router keeps the planner's intent (render.router_deployment).
+        parked = annotations_of(deployment).get(v.ANNOTATION_ROUTER_PARKED, "")
+        replicas = int(parked) if parked.isdigit() else 0
     return RoleState(replicas, len(pods), sum(serves(p) for p in pods))
 
 

@@ -363,11 +363,17 @@ def router_deployment(
     }
     # Offline (`pdmtp render`, membership None) the replicas show the intent; in the cluster a
     # router without a ready prefill and decode to list has nothing to run with.
-    if membership is not None and not routable:
-        replicas = 0
-    deployment = _deployment(pdd, eff, revision, "router", replicas, template)
+    parked = membership is not None and not routable and replicas > 0
+    deployment = _deployment(pdd, eff, revision, "router", 0 if parked else replicas, template)
+    marks: dict[str, str] = {}
     if drain_until is not None:
-        deployment["metadata"]["annotations"] = {v.ANNOTATION_DRAIN_UNTIL: drain_until}
+        marks[v.ANNOTATION_DRAIN_UNTIL] = drain_until
+    if parked:
+        # The planner's intent outlives the wait, so the planner never mistakes a revision that
+        # served for one that never took traffic (which it retires at once, with no drain).
+        marks[v.ANNOTATION_ROUTER_PARKED] = str(replicas)
+    if marks:
+        deployment["metadata"]["annotations"] = marks
     return deployment
 
 
