@@ -4,6 +4,7 @@ lost, scaling by groups, and a cluster without the Workload API."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 from pdmtp.api import reasons
@@ -14,8 +15,11 @@ from pdmtp.core.actions import Apply, Delete
 from pdmtp.core.agreement import check
 from pdmtp.core.grouping import groups_of, units
 from pdmtp.core.observe import pod_ready
+from pdmtp.core.promtext import Scrape
+from pdmtp.core.reconcile import decide
 from pdmtp.core.render import RevisionReplicas, revision_children
 from pdmtp.core.revision import compat_revision
+from pdmtp.core.scaling import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster
 
@@ -230,3 +234,57 @@ def test_without_the_workload_api_a_multi_node_spec_is_refused_and_nothing_creat
     assert condition["status"] == "False"
     assert condition["reason"] == reasons.WORKLOAD_API_UNAVAILABLE
     assert "GenericWorkload" in condition["message"]
+
+
+def _autoscale_round(cluster: FakeCluster, now: float, leader_kv: float) -> None:
+    """One reconcile with every decode pod scraped: leaders at `leader_kv`, workers idle (a
+    worker's engine serves no request of its own; were it a source, it would halve the mean)."""
+    metrics = {
+        p["metadata"]["name"]: PodMetrics(
+            Scrape(now, kv_cache_usage=kv, running=1.0), Scrape(now - 15, kv_cache_usage=kv)
+        )
+        for p in _decode_pods(cluster)
+        for kv in [leader_kv if p["metadata"]["labels"][v.LABEL_GROUP_RANK] == "0" else 0.0]
+    }
+    decision = decide(replace(cluster.observed(), metrics=metrics), now)
+    cluster.apply(decision)
+    if decision.status_changed:
+        cluster.body["status"] = copy.deepcopy(decision.status)
+    cluster.run_pods()
+    cluster.place_groups()
+
+
+def test_the_autoscaler_counts_groups_and_reads_their_leaders() -> None:
+    """kvCacheUsage at twice its target on the leaders of 2 decode groups: 4 groups (8 pods);
+    then quiet: down to minReplicas, one whole group. The workers' idle scrapes count for
+    nothing (were they sources, the mean would sit on the target and nothing would move)."""
+    cluster = _cluster()
+    cluster.body["spec"]["autoscaling"] = {
+        "intervalSeconds": 15,
+        "decode": {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "targets": [{"signal": "kvCacheUsage", "value": 0.5}],
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0},
+                "scaleDown": {"stabilizationWindowSeconds": 0},
+            },
+        },
+    }
+    _settle(cluster)
+    now = NOW + 100
+    for _ in range(12):
+        now += 16
+        _autoscale_round(cluster, now, leader_kv=1.0)
+    decode = _decode_pods(cluster)
+    assert len({p["metadata"]["labels"][v.LABEL_GROUP] for p in decode}) == 4 and len(decode) == 8
+    roles = {r["name"]: r for r in cluster.body["status"]["autoscaling"]["roles"]}
+    assert roles["decode"]["desiredReplicas"] == 4, roles
+    assert cluster.body["status"]["decode"] == "4/4"
+    for _ in range(30):
+        now += 16
+        _autoscale_round(cluster, now, leader_kv=0.05)
+    decode = _decode_pods(cluster)
+    found = groups_of(decode, [o for o in cluster.objects.values() if o["kind"] == "PodGroup"])
+    assert len(decode) == 2 and len(found) == 1 and found[0].complete
+    assert cluster.body["status"]["decode"] == "1/1"
