@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import PDDBuilder, pdd
 from cluster.gangwatch import GangNodes, GangWatch, served_podgroup_version
-from cluster.kubehelpers import Cluster, kubectl, wait_for
-from kubernetes import client
-from localcluster import RACK_LABEL
+from cluster.kubehelpers import Cluster, install_crd, kubectl, wait_for
+from kubernetes import client, config
+from localcluster import RACK_LABEL, LocalCluster
 from operator_harness import (
     OperatorProcess,
     RolloutWatcher,
@@ -31,6 +33,9 @@ from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
 from pdmtp.core.observe import engine_url, router_urls
 from pdmtp.core.revision import target_and_policy
+from pdmtp.kube import Kube
+
+REPO = Path(__file__).resolve().parents[2]
 
 GROUP_SHAPE = {"nodes": 2, "layout": "TensorParallel"}
 
@@ -44,10 +49,27 @@ def _multi_node(name: str) -> PDDBuilder:
     return ready_after(b, 300)
 
 
-@pytest.fixture(autouse=True)
-def _workload_api(cluster: Cluster) -> None:
-    if served_podgroup_version(cluster.api_client) is None:
+@pytest.fixture
+def served(cluster: Cluster) -> str:
+    version = served_podgroup_version(cluster.api_client)
+    if version is None:
         pytest.fail("the local control plane must serve the Workload API (scheduling.k8s.io)")
+    return version
+
+
+@pytest.fixture
+def plain_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A control plane of its own without the Workload API (as most clusters are today)."""
+    local = LocalCluster(tmp_path / "plain", nodes=1, die_with_parent=True, gang_scheduling=False)
+    local.start()
+    api = config.new_client_from_config(config_file=str(local.kubeconfig))
+    try:
+        install_crd(api, REPO / "crds" / "pdmtp.io_pddeployments.yaml")
+        install_crd(api, REPO / "crds" / "pdmtp.io_pdrolescales.yaml")
+        yield Cluster(local.kubeconfig, api, "local", local)
+    finally:
+        api.close()
+        local.stop()
 
 
 def _raw_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -106,7 +128,7 @@ def _routed_leaders(cluster: Cluster, namespace: str, name: str) -> None:
 
 
 def test_groups_serve_whole_recover_whole_roll_and_scale_by_groups(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess, served: str
 ) -> None:
     b = _multi_node("wide")
     create_pdd(cluster.api_client, namespace, b.dict())
@@ -217,7 +239,7 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def test_a_group_waits_whole_for_nodes_in_one_rack_and_the_status_says_so(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, namespace: str, operator: OperatorProcess, served: str
 ) -> None:
     """(a) and (b) through the operator: a decode group of two 8-GPU pods that must share a
     rack, on the test's own nodes. One free node in each rack: no pod of the group is bound at
@@ -281,3 +303,39 @@ def test_a_group_waits_whole_for_nodes_in_one_rack_and_the_status_says_so(
             60,
         )
         nodes.delete()
+
+
+def test_discovery_finds_the_served_workload_api(cluster: Cluster, served: str) -> None:
+    kube = Kube(cluster.api_client)
+    group, plural = v.WORKLOAD_API_GROUP, v.POD_GROUP_PLURAL
+    assert kube.served_version(group, v.WORKLOAD_API_VERSIONS, plural) == served
+    assert kube.served_version(group, ("v9",), plural) is None
+    assert kube.served_version("nothing.example.com", ("v1",), plural) is None
+
+
+def test_without_the_workload_api_a_multi_node_spec_is_refused_and_single_node_serves(
+    plain_cluster: Cluster, tmp_path: Path
+) -> None:
+    """No half gang where the scheduler cannot gang: the multi-node spec gets a clear condition
+    and no pod; a single-node PDDeployment beside it becomes Available."""
+    api, namespace = plain_cluster.api_client, "plain"
+    assert served_podgroup_version(api) is None
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+    op = OperatorProcess(plain_cluster.kubeconfig, [namespace], tmp_path / "operator.log")
+    op.start()
+    try:
+        create_pdd(api, namespace, _multi_node("wide").dict())
+        create_pdd(api, namespace, pdd("narrow").mtp(3, modules=3).dict())
+
+        def refused() -> Any:
+            found = condition(get_pdd(api, namespace, "wide"), reasons.CONFIG_COMPATIBLE)
+            return found and found["status"] == "False" and found
+
+        said = wait_for(refused, "the multi-node spec refused", 60, interval=0.3)
+        assert said["reason"] == reasons.WORKLOAD_API_UNAVAILABLE, said
+        assert "GenericWorkload" in said["message"] and "multiNode" in said["message"]
+        wait_settled(api, namespace, "narrow", 60)
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace).items
+        assert not [p.metadata.name for p in pods if p.metadata.name.startswith("wide-")]
+    finally:
+        op.stop()

@@ -317,6 +317,9 @@ class LocalCluster:
     # detach.
     die_with_parent: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    gang_scheduling: bool = True
+    """Serve the Workload API (`workload_api`); off: a cluster as most are today, where the
+    operator must refuse multi-node specs (tests/cluster/test_multinode.py)."""
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).resolve()
@@ -642,10 +645,9 @@ class LocalCluster:
             "--v=1",
         ]
 
-    @staticmethod
-    def _workload_api_args(runtime_config: bool = False) -> list[str]:
+    def _workload_api_args(self, runtime_config: bool = False) -> list[str]:
         api = workload_api()
-        if api is None:
+        if api is None or not self.gang_scheduling:
             return []
         return [api.feature_gates_flag, *([api.runtime_config_flag] if runtime_config else [])]
 
