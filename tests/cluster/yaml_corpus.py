@@ -1,6 +1,6 @@
 """YAML read as kubectl reads it (issue 29): files, and what kubectl sends for each.
 
-Every case is a whole file. `sends` is what kubectl v1.36 (the local control plane's build) sends
+Every case is a whole file. `sends` is what the pinned kubectl (the control plane's build) sends
 the API server for it, one JSON object per document, as observed with `kubectl label --local -o
 json` (no cluster) and `kubectl create --dry-run=client -o json -f FILE`; or `Refused(words)`,
 kubectl's own words when it refuses the file. A duplicate key is no refusal: kubectl keeps the
@@ -310,8 +310,8 @@ def table() -> str:
     lines = [
         "## YAML read as kubectl reads it",
         "",
-        "Each file, what kubectl v1.36 sends the API server for it (its parse: `kubectl create "
-        "--dry-run=client --validate=false -o json`), and what `pdmtp validate` reads "
+        "Each file, what the pinned kubectl sends the API server for it (its parse: `kubectl "
+        "create --dry-run=client --validate=false -o json`), and what `pdmtp validate` reads "
         "(pdmtp.yamlread), which is what it judges. Proven by tests/unit/test_yaml_read.py (the "
         "reader against every row) and tests/cluster/test_yaml_kubectl.py (every file through "
         "the real kubectl).",
