@@ -195,26 +195,7 @@ class FakeCluster:
             for extra in mine[: max(len(mine) - want, 0)]:
                 del self.pods[extra]
             for _ in range(want - len(self.pods_named(name))):
-                # The lowest free index: pod names stay those the golden statuses recorded.
-                index = next(i for i in range(len(self.pods) + 1) if f"{name}-{i}" not in self.pods)
-                pod_name = f"{name}-{index}"
-                self.pods[pod_name] = {
-                    "kind": "Pod",
-                    "metadata": {
-                        "name": pod_name,
-                        "namespace": dep["metadata"]["namespace"],
-                        "labels": {**template["metadata"]["labels"], "pod-template-hash": stamp},
-                        "annotations": dict(template["metadata"].get("annotations") or {}),
-                        "uid": f"uid-{pod_name}",
-                    },
-                    "spec": copy.deepcopy(template["spec"]),
-                    "status": {
-                        "phase": "Running",
-                        "podIP": self._ip(),
-                        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-                    },
-                }
-                self.next_ip += 1
+                self._new_pod(dep, stamp, ready)
 
     def place_groups(self, ready: bool = True) -> None:
         """The gang scheduler and the kubelets for multi-node groups: a PodGroup's pods are
@@ -331,26 +312,33 @@ class FakeCluster:
         for _ in range(max(min(want + 1 - len(live), want - len(current)), 0)):
             self._new_pod(dep, stamp)
 
-    def _new_pod(self, dep: Obj, stamp: str) -> None:
+    def _new_pod(self, dep: Obj, stamp: str, ready: bool = False) -> None:
+        """A pod of `dep` at the lowest free index (pod names stay those the golden statuses
+        recorded); simulating, it also gets a node and a creation time, and a unique uid."""
         name = dep["metadata"]["name"]
         template = dep["spec"]["template"]
         index = next(i for i in range(len(self.pods) + 1) if f"{name}-{i}" not in self.pods)
         pod_name = f"{name}-{index}"
+        metadata = {
+            "name": pod_name,
+            "namespace": dep["metadata"]["namespace"],
+            "labels": {**template["metadata"]["labels"], "pod-template-hash": stamp},
+            "annotations": dict(template["metadata"].get("annotations") or {}),
+            "uid": f"uid-{pod_name}",
+        }
+        spec = copy.deepcopy(template["spec"])
+        if self.simulating:
+            metadata["uid"] = f"uid-{pod_name}-{self.next_ip}"
+            metadata["creationTimestamp"] = self._stamp()
+            spec["nodeName"] = f"node-{self.next_ip}"
         self.pods[pod_name] = {
             "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": dep["metadata"]["namespace"],
-                "labels": {**template["metadata"]["labels"], "pod-template-hash": stamp},
-                "annotations": dict(template["metadata"].get("annotations") or {}),
-                "uid": f"uid-{pod_name}-{self.next_ip}",
-                "creationTimestamp": self._stamp(),
-            },
-            "spec": {**copy.deepcopy(template["spec"]), "nodeName": f"node-{self.next_ip}"},
+            "metadata": metadata,
+            "spec": spec,
             "status": {
                 "phase": "Running",
                 "podIP": self._ip(),
-                "conditions": [{"type": "Ready", "status": "False"}],
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
             },
         }
         self.next_ip += 1
