@@ -74,6 +74,12 @@ class Options:
 STALE_REQUEUE_SECONDS = 0.0
 
 
+def _spans_nodes(body: Mapping[str, Any] | None) -> bool:
+    """Whether a PDDeployment asks for a multi-node role (it needs the Workload API)."""
+    spec = (body or {}).get("spec") or {}
+    return any(isinstance(spec.get(r), dict) and "multiNode" in spec[r] for r in v.ENGINE_ROLES)
+
+
 @dataclass(frozen=True)
 class Applied:
     """How a step's actions went: the refusal that stopped it, if any, and the keys of the
@@ -148,7 +154,8 @@ class Controller:
     scraper: Scraper | None = None
     workload_api: str | None = None
     """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`), None when it
-    serves none: discovered at start and at every resync (a multi-node spec waits for it)."""
+    serves none: discovered at start, and while it is None at every resync that finds a
+    multi-node spec waiting for it (so an idle resync makes no request)."""
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -274,8 +281,10 @@ class Controller:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
             self.metrics.cached_objects.set(self.store.size())
-            await asyncio.to_thread(self.discover_workload_api)
-            for key in self.pdds.snapshot():
+            keys = self.pdds.snapshot()
+            if self.workload_api is None and any(_spans_nodes(self.pdds.get(k)) for k in keys):
+                await asyncio.to_thread(self.discover_workload_api)
+            for key in keys:
                 self.queue.add(key)
 
     async def _worker(self) -> None:

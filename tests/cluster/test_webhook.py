@@ -28,9 +28,10 @@ def webhook_operator(
     op.start()
     admission = client.AdmissionregistrationV1Api(cluster.api_client)
     try:
+        # kopf creates the configuration first and fills in its webhooks a moment later.
         wait_for(
-            lambda: admission.read_validating_webhook_configuration(MANAGED_CONFIGURATION),
-            "webhook configuration",
+            lambda: admission.read_validating_webhook_configuration(MANAGED_CONFIGURATION).webhooks,
+            "webhook configuration with its webhook",
             30,
         )
         yield op
