@@ -74,7 +74,9 @@ def parse(doc: Any, source: str) -> PDDeployment:
             f"{doc.get('apiVersion')!r} {doc.get('kind')!r}"
         )
     try:
-        return PDDeployment.model_validate(doc)
+        # The API server drops .status on create and update (the status subresource owns it), so
+        # whatever a file carries there is neither refused nor kept.
+        return PDDeployment.model_validate({**doc, "status": None})
     except ValidationError as e:
         raise UnusableInput(f"{source}: {'; '.join(field_problems(e))}") from e
 
