@@ -241,9 +241,12 @@ def server_verdicts(
             continue
         namespace = (doc.get("metadata") or {}).get("namespace") or args.namespace
         try:
-            # The object itself first, the very bytes judged offline; then its children.
+            # The object itself first, as judged offline (without .status, which the API server
+            # drops from a create and which server-side apply would fail to type); then its
+            # children.
+            judged = {k: value for k, value in doc.items() if k != "status"}
             refusal = admission.dry_run_object(
-                api, yamlread.to_json_bytes(doc), v.KIND, namespace, doc["metadata"]["name"]
+                api, yamlread.to_json_bytes(judged), v.KIND, namespace, doc["metadata"]["name"]
             )
             problems = (
                 [refusal.problem(INVALID)]
