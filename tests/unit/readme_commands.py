@@ -229,6 +229,9 @@ REGISTRY: dict[str, Entry] = {
     ),
     # 3. check and apply
     "pdmtp validate samples/full.yaml": Run((f"{EXAMPLES}::test_validate_the_full_sample",)),
+    "pdmtp render samples/multinode.yaml": Run(
+        (f"{EXAMPLES}::test_render_the_multinode_sample_shows_groups_ranks_and_gangs",)
+    ),
     "kubectl create namespace serving": Run(
         (APPLY_GET,), "the namespace fixture creates the test's namespace through the API"
     ),

@@ -151,3 +151,26 @@ def test_make_generate_in_a_scratch_copy(tmp_path: Path) -> None:
             assert (tmp_path / part / path.name).read_text() == path.read_text(), path
     api = "docs/api-reference.md"
     assert (tmp_path / api).read_text() == (REPO / api).read_text()
+
+
+def test_render_the_multinode_sample_shows_groups_ranks_and_gangs() -> None:
+    """`pdmtp render samples/multinode.yaml`: decode as 2 groups of 2 pods under one PodGroup
+    each (a gang of 2, one rack), the leader at rank 0 and the worker headless from rank 8."""
+    done = run(str(PDMTP), "render", "samples/multinode.yaml")
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    groups = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "PodGroup"}
+    assert len(groups) == 2, sorted(groups)
+    for spec in groups.values():
+        assert spec["schedulingPolicy"] == {"gang": {"minCount": 2}}
+        assert spec["schedulingConstraints"] == {"topology": [{"key": "example.com/rack"}]}
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    assert len(pods) == 4
+    assert {p["spec"]["schedulingGroup"]["podGroupName"] for p in pods} == set(groups)
+    for pod in pods:
+        args = pod["spec"]["containers"][0]["args"]
+        worker = pod["metadata"]["name"].endswith("-1")
+        assert ("--headless" in args) == worker, args
+        if worker:
+            assert args[args.index("--data-parallel-start-rank") + 1] == "8"
+        assert args[args.index("--data-parallel-size-local") + 1] == "8"
