@@ -1022,16 +1022,13 @@ def test_an_anchor_that_loses_its_last_group_keeps_the_canary_held() -> None:
     )
 
 
-def test_a_revision_unrouted_by_a_broken_group_keeps_its_pods_for_the_drain() -> None:
-    """Invariant 4: an old revision's pods stay drainSeconds after its traffic stopped, here
-    when it stopped because its last decode group broke."""
-    sim, old = _held_canary(drain_seconds=30)
-    _break_a_member(sim, old, "decode")
+def _prefills_outlast_the_drain(sim: Sim, old: str, steps: int, drain: int = 30) -> float | None:
+    """Step `steps` times, checking invariant 4 at each: `old`'s prefill pods stay at least
+    `drain` seconds after it stopped taking traffic. When it stopped (None: it never did)."""
     stopped: float | None = None
-    for _ in range(40):
+    for _ in range(steps):
         sim.step()
-        serving = any(s.revision == old and s.router.ready for s in sim.states())
-        if not serving and stopped is None:
+        if stopped is None and not any(s.revision == old and s.router.ready for s in sim.states()):
             stopped = sim.t
         prefills = [
             n
@@ -1040,11 +1037,20 @@ def test_a_revision_unrouted_by_a_broken_group_keeps_its_pods_for_the_drain() ->
             and labels(p).get(v.LABEL_ROLE) == "prefill"
             and not sim.fc.terminating(n)
         ]
-        if stopped is not None and sim.t < stopped + 30:
+        if stopped is not None and sim.t < stopped + drain:
             assert prefills, (
                 f"the old prefill pods went {sim.t - stopped:.0f}s after {old} stopped taking "
-                f"traffic, drainSeconds is 30: {sim.log}"
+                f"traffic, drainSeconds is {drain}: {sim.log}"
             )
+    return stopped
+
+
+def test_a_revision_unrouted_by_a_broken_group_keeps_its_pods_for_the_drain() -> None:
+    """Invariant 4: an old revision's pods stay drainSeconds after its traffic stopped, here
+    when it stopped because its last decode group broke."""
+    sim, old = _held_canary(drain_seconds=30)
+    _break_a_member(sim, old, "decode")
+    _prefills_outlast_the_drain(sim, old, 40)
 
 
 def test_an_old_revision_whose_last_group_breaks_mid_roll_drains_before_it_goes() -> None:
@@ -1068,22 +1074,6 @@ def test_an_old_revision_whose_last_group_breaks_mid_roll_drains_before_it_goes(
 
     sim.run_until(both_serve, HOLD_STEPS, "both revisions serving")
     _break_a_member(sim, old, "decode")
-    stopped: float | None = None
-    for _ in range(120):
-        sim.step()
-        if stopped is None and not any(s.revision == old and s.router.ready for s in sim.states()):
-            stopped = sim.t
-        prefills = [
-            n
-            for n, p in sim.fc.pods.items()
-            if labels(p).get(v.LABEL_REVISION) == old
-            and labels(p).get(v.LABEL_ROLE) == "prefill"
-            and not sim.fc.terminating(n)
-        ]
-        if stopped is not None and sim.t < stopped + 30:
-            assert prefills, (
-                f"the old prefill pods went {sim.t - stopped:.0f}s after {old} stopped taking "
-                f"traffic, drainSeconds is 30: {sim.log}"
-            )
+    stopped = _prefills_outlast_the_drain(sim, old, 120)
     assert stopped is not None, f"{old} never stopped serving: {sim.log}"
     sim.run_until(lambda: sim.converged() is None, CONVERGE_STEPS, "convergence")
