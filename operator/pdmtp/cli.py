@@ -74,9 +74,7 @@ def parse(doc: Any, source: str) -> PDDeployment:
             f"{doc.get('apiVersion')!r} {doc.get('kind')!r}"
         )
     try:
-        # The API server drops .status on create and update (the status subresource owns it), so
-        # whatever a file carries there is neither refused nor kept.
-        return PDDeployment.model_validate({**doc, "status": None})
+        return PDDeployment.model_validate(doc)
     except ValidationError as e:
         raise UnusableInput(f"{source}: {'; '.join(field_problems(e))}") from e
 
@@ -86,10 +84,17 @@ def _schema() -> dict[str, Any]:
     return crd.openapi_schema()
 
 
+def without_status(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document without .status: the API server drops it from a create or an update (the
+    status subresource owns it), so whatever a file carries there is neither refused nor kept."""
+    return {k: value for k, value in doc.items() if k != "status"}
+
+
 def as_stored(doc: Any) -> Any:
-    """A PDDeployment document as the API server takes it in: nulls of known fields dropped
-    (pdmtp.yamlread.drop_nulls: `replicas: ~` is `replicas` left out, defaulted)."""
-    return yamlread.drop_nulls(doc, _schema()) if isinstance(doc, dict) else doc
+    """A PDDeployment document as the API server takes it in: .status dropped (`without_status`)
+    and nulls of known fields dropped (pdmtp.yamlread.drop_nulls: `replicas: ~` is `replicas`
+    left out, defaulted)."""
+    return yamlread.drop_nulls(without_status(doc), _schema()) if isinstance(doc, dict) else doc
 
 
 _META_STRINGS = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion")
@@ -241,12 +246,14 @@ def server_verdicts(
             continue
         namespace = (doc.get("metadata") or {}).get("namespace") or args.namespace
         try:
-            # The object itself first, as judged offline (without .status, which the API server
-            # drops from a create and which server-side apply would fail to type); then its
-            # children.
-            judged = {k: value for k, value in doc.items() if k != "status"}
+            # The object itself first, as judged offline (server-side apply would even fail to
+            # type a bad .status); then its children.
             refusal = admission.dry_run_object(
-                api, yamlread.to_json_bytes(judged), v.KIND, namespace, doc["metadata"]["name"]
+                api,
+                yamlread.to_json_bytes(without_status(doc)),
+                v.KIND,
+                namespace,
+                doc["metadata"]["name"],
             )
             problems = (
                 [refusal.problem(INVALID)]
