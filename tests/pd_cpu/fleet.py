@@ -100,6 +100,11 @@ class Fleet:
             self.figures.note_rss(name, engine)
             engine.process.stop()
 
+    def make_room(self, count: int, keep: Sequence[str] = ()) -> None:
+        """Stop idle engines until `count` more fit: for engine processes started outside the
+        fleet (the ranks of a multi-node group), each of which takes an engine's room."""
+        self._make_room(count, keep=set(keep))
+
     def _make_room(self, count: int, keep: set[str]) -> None:
         idle = sorted(
             (name for name in self._alive if name not in self._in_use and name not in keep),

@@ -11,6 +11,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,25 @@ def http(
             return response.status, response.read()
     except urllib.error.HTTPError as error:
         return error.code, error.read()
+
+
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_by(
+    samples: Mapping[str, float], name: str, *labels: str
+) -> dict[tuple[str, ...], float]:
+    """The samples of metric `name` summed by the values of `labels` (a front end over several
+    engine ranks labels each rank's series `engine="<index>"`)."""
+    found: dict[tuple[str, ...], float] = {}
+    for key, value in samples.items():
+        metric, _, rest = key.partition("{")
+        if metric != name:
+            continue
+        values = dict(_LABEL.findall(rest))
+        group = tuple(values.get(label, "") for label in labels)
+        found[group] = found.get(group, 0.0) + value
+    return found
 
 
 def prometheus_samples(text: str) -> dict[str, float]:
@@ -162,6 +182,20 @@ class ManagedProcess:
         text = self.log_path.read_bytes().decode(errors="replace")
         return text[-tail:]
 
+    def wait_for_log(self, pattern: str, timeout: float) -> float:
+        """Seconds from start until `pattern` (a regex) appears in the log; raises if the
+        process exits first or the time runs out."""
+        wanted = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if wanted.search(self.log(tail=10**7)):
+                return time.monotonic() - self.started_at
+            code = self.exited()
+            if code is not None:
+                raise RuntimeError(f"{self.name} exited {code} before {pattern!r}:\n{self.log()}")
+            time.sleep(1)
+        raise TimeoutError(f"{self.name}: no {pattern!r} in {timeout}s:\n{self.log()}")
+
 
 def launcher_command(args: Sequence[str]) -> list[str]:
     """The engine image's ENTRYPOINT (`python3 -m pdmtp_engine.launcher`) with the pod's args."""
@@ -228,15 +262,19 @@ class Engine:
     termination_log: Path
     ready_after: float | None = None
 
-    def wait_ready(self, timeout: float = 420.0) -> float:
-        """Seconds from start to a 200 from /health; raises with the log tail otherwise."""
+    def wait_ready(
+        self, timeout: float = 420.0, *, with_ranks: Sequence[ManagedProcess] = ()
+    ) -> float:
+        """Seconds from start to a 200 from /health; raises with the log tail otherwise, or as
+        soon as this engine or one of its other ranks (`with_ranks`) exits."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            code = self.process.exited()
-            if code is not None:
-                raise RuntimeError(
-                    f"{self.process.name} exited {code} before serving:\n{self.process.log()}"
-                )
+            for process in (self.process, *with_ranks):
+                code = process.exited()
+                if code is not None:
+                    raise RuntimeError(
+                        f"{process.name} exited {code} before serving:\n{process.log()}"
+                    )
             with contextlib.suppress(OSError):
                 if http("GET", self.url + "/health", timeout=2)[0] == 200:
                     self.ready_after = time.monotonic() - self.process.started_at
@@ -250,13 +288,9 @@ class Engine:
         return prometheus_samples(body.decode())
 
     def prompt_tokens_by_source(self) -> dict[str, float]:
-        """vLLM's `vllm:prompt_tokens_by_source_total`, by source."""
-        found: dict[str, float] = {}
-        for key, value in self.metrics().items():
-            if key.startswith("vllm:prompt_tokens_by_source_total{"):
-                source = key.split('source="', 1)[1].split('"', 1)[0]
-                found[source] = value
-        return found
+        """vLLM's `vllm:prompt_tokens_by_source_total`, by source (summed over engine ranks)."""
+        by_source = metric_by(self.metrics(), "vllm:prompt_tokens_by_source_total", "source")
+        return {source: value for (source,), value in by_source.items()}
 
     def termination_message(self) -> str | None:
         if not self.termination_log.exists():

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Final
 
 from fleet import Launch
 from loopback import LOOPBACK, free_ports
 from processes import launcher_command
 from wiring import (
     EngineWiring,
+    group_on_one_host,
     on_one_host,
+    ranks_the_router_lists,
     render,
     rendered_engines,
+    rendered_group,
     sample_pddeployment,
 )
 
@@ -52,6 +56,55 @@ def render_pair(
     }
 
 
+DECODE_GROUP_RANKS: Final = 2
+DECODE_GROUP: Final = {
+    "nodes": DECODE_GROUP_RANKS,
+    "layout": "DataParallel",
+    "dataParallelSize": DECODE_GROUP_RANKS,
+}
+"""spec.decode.multiNode of the two-rank decode: one replica as 2 pods of one data-parallel rank
+each (tensorParallelSize 1), the smallest multi-node shape, and one a 2-core machine can run."""
+
+
+@dataclass(frozen=True)
+class GroupRender:
+    """`pdmtp render` of the tier's PDDeployment with a multi-node decode, on loopback."""
+
+    prefill: EngineWiring
+    """The prefill Deployment's engine, with the ports the 1P+1D render of the same k got."""
+    decode: list[EngineWiring]
+    """The decode group's ranks, leader first."""
+    routed: list[int]
+    """The ranks the operator's router lists (wiring.ranks_the_router_lists)."""
+
+
+def render_decode_group(model: Path, k: int, prefill_like: EngineWiring) -> GroupRender:
+    """`pdmtp render` with spec.decode.multiNode = DECODE_GROUP: its prefill on the ports of
+    `prefill_like` (the 1P+1D render's, so an equal engine compares equal), its decode group's
+    ranks each on its own HTTP port, with one rendezvous port."""
+    spec = sample_pddeployment(
+        model,
+        num_speculative_tokens=k,
+        mtp_modules=MTP_MODULES,
+        block_size=BLOCK_SIZE,
+        max_model_len=MAX_MODEL_LEN,
+        decode_multi_node=DECODE_GROUP,
+    )
+    rendered = render(spec)
+    assert rendered.returncode == 0, rendered.stderr
+    (prefill,) = rendered_engines(rendered.stdout, roles=("prefill",)).values()
+    assert prefill_like.bootstrap_port is not None
+    pods = rendered_group(rendered.stdout, "decode", "g0")
+    *http_ports, rendezvous_port = free_ports(len(pods) + 1)
+    return GroupRender(
+        prefill=on_one_host(
+            "prefill", prefill, prefill_like.http_port, prefill_like.bootstrap_port
+        ),
+        decode=group_on_one_host("decode", pods, http_ports, rendezvous_port),
+        routed=ranks_the_router_lists(pods),
+    )
+
+
 def reference_launch(prefill: EngineWiring) -> Launch:
     """One engine with the same engine settings and no P/D: the rendered prefill's `vllm serve`
     args without the KV connector, and without speculation, so its greedy output is the plain
@@ -84,6 +137,14 @@ CORE_OF_ROLE = {"prefill": 0, "decode": 1}
 this two-core machine takes core 0 and keeps core 1 spare, and a P/D pair then starves its own
 Mooncake threads (requests took minutes). Each role gets a core of its own, as each pod gets its
 own GPU."""
+
+
+CORE_OF_DECODE_RANK: Final = (1, 1)
+"""The two-rank decode: both ranks on the decode's core, the prefill alone on its own. Not one
+rank on the prefill's core: a prefill holding KV for a decode polls its worker in a busy loop
+(vLLM's shm_broadcast spins on sched_yield), and a decode rank sharing that core got ~6% of it
+and took minutes to send its first pull (seen 2026-12-03). With one request in flight only one
+decode rank works at a time."""
 
 
 def pinned(core: int) -> dict[str, str]:

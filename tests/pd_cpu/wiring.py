@@ -14,6 +14,11 @@ papered over):
   starts the bootstrap server on the producer only), and the router is told that port, as the
   operator tells it the pod's `pdmtp.io/bootstrap-port` annotation.
 
+A multi-node group (spec.<role>.multiNode: one replica as a group of pods, each its own host in a
+cluster) gets those per rank, and `group_on_one_host` adds the group's own: the leader's DNS name
+(through the role's headless Service) -> 127.0.0.1 wherever it is rendered, and the rendezvous
+port (`--data-parallel-rpc-port` or `--master-port`) -> a free one.
+
 Every other argument and env var is used as rendered. The router's arguments come from the
 operator's own renderer (`static_router_args`, what it gives the per-revision router) with the
 engines' loopback URLs.
@@ -38,6 +43,15 @@ BOOTSTRAP_ANNOTATION: Final = "pdmtp.io/bootstrap-port"
 METRICS_PORT_ENV: Final = "PDMTP_METRICS_PORT"
 """pdmtp.api.vocabulary.ENV_METRICS_PORT (this tier's venv has no pdmtp to import it from)."""
 ENGINE_ROLES: Final = ("prefill", "decode")
+GROUP_LABEL: Final = "pdmtp.io/group"
+GROUP_RANK_LABEL: Final = "pdmtp.io/group-rank"
+LEADER_ADDRESS_ENV: Final = "PDMTP_LEADER_ADDRESS"
+"""pdmtp.api.vocabulary.ENV_LEADER_ADDRESS: the group leader's DNS name, on every rank."""
+RENDEZVOUS_FLAGS: Final = {
+    "DataParallel": ("--data-parallel-address", "--data-parallel-rpc-port"),
+    "TensorParallel": ("--master-addr", "--master-port"),
+}
+"""Per multiNode layout, the flags naming the leader's address and the group's rendezvous port."""
 
 ENV_OPERATOR_PYTHON: Final = "PDMTP_OPERATOR_PYTHON"
 """The interpreter that runs the operator's CLI (default: the repo's .venv, `make venv`)."""
@@ -70,8 +84,10 @@ def sample_pddeployment(
     block_size: int,
     max_model_len: int,
     decode_num_speculative_tokens: int | None = None,
+    decode_multi_node: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A 1P+1D PDDeployment over Mooncake TCP serving the local checkpoint `model`."""
+    """A 1P+1D PDDeployment over Mooncake TCP serving the local checkpoint `model`; with
+    `decode_multi_node` (spec.decode.multiNode) the one decode replica is a group of pods."""
     spec: dict[str, Any] = {
         "model": {"name": str(model), "mtpModules": mtp_modules},
         "image": "pdmtp-engine:cpu-test",
@@ -92,6 +108,8 @@ def sample_pddeployment(
     }
     if decode_num_speculative_tokens is not None:
         spec["decode"]["speculative"] = {"numSpeculativeTokens": decode_num_speculative_tokens}
+    if decode_multi_node is not None:
+        spec["decode"]["multiNode"] = dict(decode_multi_node)
     return {
         "apiVersion": "pdmtp.io/v1alpha1",
         "kind": "PDDeployment",
@@ -136,13 +154,16 @@ class EngineWiring:
         return replace(self, args=tuple(args))
 
 
-def rendered_engines(render_output: str) -> dict[str, dict[str, Any]]:
-    """The engine container and pod annotations of each role's Deployment, by role."""
+def rendered_engines(
+    render_output: str, roles: tuple[str, ...] = ENGINE_ROLES
+) -> dict[str, dict[str, Any]]:
+    """The engine container and pod annotations of each role's Deployment, by role (`roles`:
+    the roles rendered as Deployments, one pod per replica)."""
     items = json.loads(render_output)["items"]
     found: dict[str, dict[str, Any]] = {}
     for item in items:
         role = item["metadata"].get("labels", {}).get(ROLE_LABEL)
-        if item["kind"] == "Deployment" and role in ENGINE_ROLES:
+        if item["kind"] == "Deployment" and role in roles:
             template = item["spec"]["template"]
             (container,) = [c for c in template["spec"]["containers"] if c["name"] == "engine"]
             found[role] = {
@@ -150,9 +171,32 @@ def rendered_engines(render_output: str) -> dict[str, dict[str, Any]]:
                 "annotations": template["metadata"].get("annotations", {}),
                 "replicas": item["spec"]["replicas"],
             }
-    if sorted(found) != sorted(ENGINE_ROLES):
-        raise RenderingChanged(f"expected a prefill and a decode Deployment, got {sorted(found)}")
+    if sorted(found) != sorted(roles):
+        raise RenderingChanged(f"expected Deployments for {sorted(roles)}, got {sorted(found)}")
     return found
+
+
+def rendered_group(render_output: str, role: str, group: str) -> list[dict[str, Any]]:
+    """The pods of one multi-node group of `role`, by rank: each pod's manifest, its engine
+    container and annotations, and its DNS name (hostname.subdomain.namespace.svc)."""
+    pods: dict[int, dict[str, Any]] = {}
+    for item in json.loads(render_output)["items"]:
+        labels = item["metadata"].get("labels", {})
+        if item["kind"] != "Pod" or labels.get(ROLE_LABEL) != role:
+            continue
+        if labels.get(GROUP_LABEL) != group:
+            continue
+        spec = item["spec"]
+        (container,) = [c for c in spec["containers"] if c["name"] == "engine"]
+        pods[int(labels[GROUP_RANK_LABEL])] = {
+            "manifest": item,
+            "container": container,
+            "annotations": item["metadata"].get("annotations", {}),
+            "dns": f"{spec['hostname']}.{spec['subdomain']}.{item['metadata']['namespace']}.svc",
+        }
+    if sorted(pods) != list(range(len(pods))) or len(pods) < 2:
+        raise RenderingChanged(f"{role} group {group}: pods of ranks {sorted(pods)}")
+    return [pods[rank] for rank in sorted(pods)]
 
 
 def _replace_flag(args: list[str], name: str, rendered: str, value: str) -> None:
@@ -208,6 +252,77 @@ def on_one_host(
         bootstrap_port=used_bootstrap,
         substituted=tuple(substituted),
     )
+
+
+def group_on_one_host(
+    role: str, pods: list[dict[str, Any]], http_ports: list[int], rendezvous_port: int
+) -> list[EngineWiring]:
+    """The ranks of one rendered multi-node group, by rank, each with on_one_host's substitutions
+    and the group's own: the leader's DNS name (rank 0's hostname.subdomain.namespace.svc, in
+    the rendezvous address flag and PDMTP_LEADER_ADDRESS of every rank) -> 127.0.0.1, and the
+    rendezvous port (`--data-parallel-rpc-port` or `--master-port`) -> `rendezvous_port`."""
+    leader = pods[0]["dns"]
+    ranks: list[EngineWiring] = []
+    for rank, (pod, http_port) in enumerate(zip(pods, http_ports, strict=True)):
+        one = on_one_host(role, pod, http_port, 0)
+        args = list(one.args)
+        layouts = [name for name, (flag, _) in RENDEZVOUS_FLAGS.items() if flag in args]
+        if len(layouts) != 1:
+            raise RenderingChanged(f"rank {rank}: no single multi-node layout in {args}")
+        address_flag, port_flag = RENDEZVOUS_FLAGS[layouts[0]]
+        _replace_flag(args, address_flag, leader, LOOPBACK)
+        rendered_port = args[args.index(port_flag) + 1]
+        _replace_flag(args, port_flag, rendered_port, str(rendezvous_port))
+        env = dict(one.env)
+        if env.get(LEADER_ADDRESS_ENV) != leader:
+            raise RenderingChanged(f"rank {rank}: {LEADER_ADDRESS_ENV} is not {leader}")
+        env[LEADER_ADDRESS_ENV] = LOOPBACK
+        substituted = [
+            *one.substituted,
+            f"{address_flag} and {LEADER_ADDRESS_ENV} {leader} -> {LOOPBACK}",
+            f"{port_flag} {rendered_port} -> {rendezvous_port}",
+        ]
+        ranks.append(replace(one, args=tuple(args), env=env, substituted=tuple(substituted)))
+    return ranks
+
+
+def ranks_the_router_lists(pods: list[dict[str, Any]]) -> list[int]:
+    """The ranks of a rendered group that the operator's router lists once every rank is Ready:
+    the operator's own code (`grouping.units`, which folds a group into one replica, then
+    `observe.revision_membership`, which picks the router's engines) over the rendered pods,
+    each given a Running, Ready status and a pod IP of its own from TEST-NET-1 (192.0.2.0/24:
+    only compared here, never dialed)."""
+    fake_ip = {f"192.0.2.{rank + 1}": rank for rank in range(len(pods))}
+    observed = []
+    for ip, rank in fake_ip.items():
+        pod = json.loads(json.dumps(pods[rank]["manifest"]))
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
+        observed.append(pod)
+    program = """
+import json, sys
+from pdmtp.core.grouping import units
+from pdmtp.core.observe import revision_membership
+a = json.loads(sys.argv[1])
+membership = revision_membership(
+    units(a["pods"], []), deployment_name=a["name"], revision=a["revision"])
+print(json.dumps(list(membership.decodes)))
+"""
+    labels = observed[0]["metadata"]["labels"]
+    request = {
+        "pods": observed,
+        "name": labels["pdmtp.io/name"],
+        "revision": labels["pdmtp.io/revision"],
+    }
+    command, env = operator_command("-c", program, json.dumps(request))
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    if completed.returncode != 0:
+        raise RuntimeError(f"the operator's membership failed: {completed.stderr[-3000:]}")
+    urls = json.loads(completed.stdout)
+    return [fake_ip[url.removeprefix("http://").rsplit(":", 1)[0]] for url in urls]
 
 
 @dataclass(frozen=True)
