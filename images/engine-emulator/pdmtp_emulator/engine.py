@@ -26,6 +26,9 @@ serves the gauges, histograms and spec-decode counters that this produces, in vL
 names. `GET /emulator/config` shows the knobs (`Tuning`), `POST /emulator/config` with a JSON
 object of some of them changes them while the engine serves (`configure` in-process); the pod's
 env sets them at start (`PDMTP_EMULATOR_*`, see serve.py).
+
+A multi-node leader (ranks.py) moves `state`: "starting" until its headless ranks have joined,
+then "serving", "dead" once one is lost; anything but "serving" fails /health and generation.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from aiohttp import web
 from pdmtp_emulator.scheduler import Scheduler, Tuning, label_set, max_tokens_of
 
 Role = Literal["prefill", "decode"]
+EngineState = Literal["starting", "serving", "dead"]
 FailMode = Literal["status", "drop", "slow"]
 LOOPBACK = "127.0.0.1"
 MODEL = "emulated/model"
@@ -151,6 +155,10 @@ class EngineEmulator:
     serves on PDMTP_METRICS_PORT; None: only the API port's /metrics, as vLLM alone."""
     tuning: Tuning = field(default_factory=Tuning)
     """Capacity, step times and MTP acceptance; change them with `configure`."""
+    state: EngineState = "serving"
+    """Set by a multi-node leader's rendezvous (ranks.py): "starting" until every rank has
+    joined (/health 503, generation 503), "dead" once one is lost (/health 503 as vLLM's on
+    EngineDeadError, generation 500, including requests that were running)."""
     generation_count: int = 0
     scheduler: Scheduler = field(init=False)
 
@@ -321,7 +329,17 @@ class EngineEmulator:
 
     async def _health(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
+        if self.state != "serving":
+            return web.Response(status=503, text=f"engine {self.state}")
         return web.Response(status=200)
+
+    def _not_serving(self) -> web.Response | None:
+        """The answer to a generation request while the engine cannot run it."""
+        if self.state == "serving":
+            return None
+        status = 500 if self.state == "dead" else 503
+        error = {"object": "error", "message": f"{self.name}: engine {self.state}", "code": status}
+        return web.json_response(error, status=status)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
@@ -454,6 +472,10 @@ class EngineEmulator:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.generation_count += 1
+        refused = self._not_serving()
+        if refused is not None:
+            await self._record(request)
+            return refused
         return await self._answer(request)
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
@@ -502,6 +524,9 @@ class EngineEmulator:
                 text = json.dumps({"kv": asdict(used)}, sort_keys=True)
             await run.first_token(prefilled_elsewhere=remote_prefill)
             await run.decode(max_tokens)
+        died = self._not_serving()  # the engine died under this request (a rank was lost)
+        if died is not None:
+            return died
         if body.get("stream"):
             return await self._stream(request, chat, text)
         return web.json_response(self._completion(chat, text, body, run.tokens))

@@ -15,20 +15,35 @@ PDMTP_EMULATOR_MAX_RUNNING (requests run at once, default 8), PDMTP_EMULATOR_ACC
 PDMTP_EMULATOR_PREFILL_SECONDS (default 0.005 each), PDMTP_EMULATOR_BATCH_SLOWDOWN (default
 0.5); `POST /emulator/config` changes them later without a restart.
 
+Multi-node replicas (ranks.py): the DataParallel args (`--data-parallel-size`, `-size-local`,
+`-start-rank`, `-address`, `-rpc-port`) or the TensorParallel ones (`--nnodes`, `--node-rank`,
+`--master-addr`, `--master-port`), with `--headless` on every node but the first, place a pod in
+its group; PDMTP_GROUP_SIZE and PDMTP_GROUP_RANK must agree with them. Node 0 serves as above and
+listens on the rendezvous port at `--host`, not Ready until every rank has joined; once a rank is
+lost its engine is dead and it exits ranks.EXIT_ENGINE_DEAD after PDMTP_EMULATOR_DEAD_EXIT_SECONDS
+(default 2). A headless rank only joins node 0 (PDMTP_EMULATOR_RENDEZVOUS_SECONDS to reach it)
+and serves nothing. A pod without those args is one engine, as before.
+
 Its revision is read from the pod name, which the Deployment controller derives from the
 operator's workload name `<pdd>-<revision>-<role>` plus the ReplicaSet hash and a random suffix.
+A group pod is named `<pdd>-<revision>-<role>-<group>-<rank>`, but its `hostname` is set, so
+$HOSTNAME is only `<group>-<rank>`: the name is rebuilt with the pod's subdomain, the label after
+the first dot of PDMTP_LEADER_ADDRESS (`g0-0.<pdd>-<revision>-<role>.<namespace>.svc`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
+from collections.abc import Callable, Mapping
 
+from pdmtp_emulator import ranks
 from pdmtp_emulator.engine import EngineEmulator, Identity, Role
 from pdmtp_emulator.scheduler import Tuning
 
@@ -46,22 +61,32 @@ def revision_from_pod_name(pod: str, role: str) -> str:
     return ""
 
 
+def pod_name(env: Mapping[str, str], hostname: str) -> str:
+    """The pod's name: $HOSTNAME, or for a group pod `<subdomain>-<hostname>`."""
+    labels = env.get("PDMTP_LEADER_ADDRESS", "").split(".")
+    if env.get("PDMTP_GROUP") and len(labels) > 2 and labels[1]:
+        subdomain = labels[1]
+        if not hostname.startswith(f"{subdomain}-"):
+            return f"{subdomain}-{hostname}"
+    return hostname
+
+
 def parse_vllm_serve(argv: list[str]) -> argparse.Namespace:
     if argv[:2] != ["vllm", "serve"] or len(argv) < 3:
         raise SystemExit(f"expected `vllm serve MODEL ...`, got {argv[:3]}")
-    parser = argparse.ArgumentParser(prog="vllm serve", add_help=False)
+    parser = argparse.ArgumentParser(prog="vllm serve", add_help=False, allow_abbrev=False)
     parser.add_argument("model")
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--speculative-config", default=None)
     parser.add_argument("--kv-transfer-config", default=None)
     parser.add_argument("--shutdown-timeout", type=float, default=0.0)
+    ranks.add_group_args(parser)
     args, _ignored = parser.parse_known_args(argv[2:])
     return args
 
 
-def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulator:
-    args = parse_vllm_serve(argv)
+def role_of(args: argparse.Namespace, env: Mapping[str, str]) -> Role:
     role = env.get("PDMTP_ROLE", "")
     if role not in ("prefill", "decode"):
         raise SystemExit(f"PDMTP_ROLE must be prefill or decode, got {role!r}")
@@ -69,6 +94,12 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
     kv_role = KV_ROLES.get(kv.get("kv_role", ""))
     if kv_role != role:
         raise SystemExit(f"--kv-transfer-config kv_role {kv.get('kv_role')!r} is not a {role}")
+    return kv_role
+
+
+def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmulator:
+    args = parse_vllm_serve(argv)
+    role = role_of(args, env)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int(spec["num_speculative_tokens"]) if spec else None
     identity = Identity(pod=pod, revision=revision_from_pod_name(pod, role), speculative_tokens=k)
@@ -93,11 +124,26 @@ def engine_from(argv: list[str], env: dict[str, str], pod: str) -> EngineEmulato
     )
 
 
-async def run(engine: EngineEmulator) -> None:
+def _set_state(engine: EngineEmulator) -> Callable[[ranks.GroupState], None]:
+    def set_state(state: ranks.GroupState) -> None:
+        engine.state = state
+
+    return set_state
+
+
+async def run(
+    engine: EngineEmulator, group: ranks.Group | None = None, dead_exit_seconds: float = 0.0
+) -> int:
+    """Serve until SIGTERM (0) or, for a group's leader, until its engine died (non-zero)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    rendezvous = None
+    if group is not None:
+        # Listening before the API does, so the API never answers as if the group were whole.
+        rendezvous = ranks.Rendezvous(group, engine.host, _set_state(engine))
+        await rendezvous.start()
     await engine.serve()
     print(
         json.dumps(
@@ -110,19 +156,46 @@ async def run(engine: EngineEmulator) -> None:
                 "engine_ids": engine.engine_ids,
                 "identity": engine.identity.__dict__,
                 "tuning": engine.tuning.as_dict(),
+                "group": group.as_dict() if group else None,
             }
         ),
         flush=True,
     )
-    await stop.wait()
-    # The kubelet ran the pod's preStop before this signal: stop listening, finish what is held.
-    await engine.shutdown()
+    dead = rendezvous.dead if rendezvous else asyncio.Event()
+    waits = [asyncio.create_task(stop.wait()), asyncio.create_task(dead.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if not stop.is_set():
+        # A rank died: vLLM's engine is gone and the server shuts itself down; a moment to let
+        # the failures be seen (and the kubelet's probe fail), then out, with nothing to drain.
+        ranks.log("exiting", code=ranks.EXIT_ENGINE_DEAD, after_seconds=dead_exit_seconds)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), dead_exit_seconds)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(engine.shutdown(), 1.0)
+    else:
+        # The kubelet ran the pod's preStop before this signal: stop listening, finish what
+        # is held (a rank lost meanwhile still kills the engine, and the exit code says so).
+        await engine.shutdown()
+    for task in waits:
+        task.cancel()
+    if rendezvous is not None:
+        await rendezvous.close()
+    return ranks.EXIT_ENGINE_DEAD if engine.state == "dead" else 0
 
 
 def main(argv: list[str]) -> int:
-    engine = engine_from(argv, dict(os.environ), os.environ.get("HOSTNAME") or socket.gethostname())
-    asyncio.run(run(engine))
-    return 0
+    env = dict(os.environ)
+    pod = pod_name(env, env.get("HOSTNAME") or socket.gethostname())
+    args = parse_vllm_serve(argv)
+    group = ranks.group_from(args, env)
+    if group is not None and not group.leader:
+        role_of(args, env)  # a misrendered rank fails as its leader would
+        return asyncio.run(ranks.run_rank(group, pod, env))
+    engine = engine_from(argv, env, pod)
+    dead_exit = ranks.seconds_from(
+        env, ranks.ENV_DEAD_EXIT_SECONDS, ranks.DEFAULT_DEAD_EXIT_SECONDS
+    )
+    return asyncio.run(run(engine, group, dead_exit))
 
 
 if __name__ == "__main__":
