@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on a real node.
+# End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on real nodes.
 #
 #   1. images: operator, router and engine (tests/support/build_images.py), the engine emulator
 #      (images/engine-emulator) and the engine image plus a test checkpoint
@@ -7,20 +7,25 @@
 #      previous release's operator image, built from its tree (versions.env PREVIOUS_RELEASE*,
 #      `git archive` into ~/.cache/pdmtp/previous/<commit>/) for tests/e2e/test_upgrade.py, and
 #      helm (hack/helm/build.sh). All cached: a warm run only hashes inputs.
-#   2. a one-node kind cluster (hack/kind/cluster.yaml), its API server published on 127.0.0.1;
-#      CoreDNS without an upstream (hack/kind/coredns.yaml); NetworkPolicy enforced by
-#      kube-network-policies (hack/kind/network-policies.yaml, image from
-#      hack/kind/build-network-policies.sh; the docker runtime's kindnet enforces on its own); fake
-#      `nvidia.com/gpu` capacity on the node, so engine pods schedule on it and really run.
-#   3. the images loaded into the node (the engine image in the background); pdmtp installed
-#      with `kubectl apply --server-side -k deploy/` through an overlay that only points it at
-#      the local image.
-#   4. the cluster tier's API-level tests (KIND_CLUSTER_TESTS) against the same API server: the real node tainted, KWOK
-#      (host process, hack/kwok/ stages) driving fake GPU nodes; then back to the real node.
+#   2. a kind cluster of a control plane and three workers (hack/kind/cluster.yaml), its API
+#      server published on 127.0.0.1, the Workload API on; pod routes between the nodes
+#      (hack/kind/pod-network.sh; the docker runtime's kindnet routes on its own); CoreDNS without
+#      an upstream (hack/kind/coredns.yaml); NetworkPolicy enforced by kube-network-policies
+#      (hack/kind/network-policies.yaml, image from hack/kind/build-network-policies.sh; kindnet
+#      enforces on its own); fake `nvidia.com/gpu` capacity on the workers, so engine pods
+#      schedule there and really run.
+#   3. the images loaded into the workers; the ~10 GB engine image, in the background, into the
+#      first worker only (labelled ENGINE_NODE_LABEL; the one test that runs it selects that
+#      node); pdmtp installed with `kubectl apply --server-side -k deploy/` through an overlay
+#      that only points it at the local image.
+#   4. the cluster tier's API-level tests (KIND_CLUSTER_TESTS) against the same API server: the
+#      real nodes tainted, KWOK (host process, hack/kwok/ stages) driving fake GPU nodes; then
+#      back to the real nodes.
 #   5. tests/e2e (PDMTP_CLUSTER=kind): the install; the NetworkPolicy enforced (who reaches which
 #      engine port, a paired rollout under it, a control run without it); one PDDeployment
 #      through Available, a paired MTP rollout under a bounded request loop, the real engine
-#      refusing a mismatched lookahead, and deletion.
+#      refusing a mismatched lookahead, and deletion; multi-node decode groups gang-scheduled
+#      across the workers, rolled, broken and scaled under load.
 #
 #   hack/kind-e2e.sh [--keep] [--no-cluster-tier] [-- PYTEST_ARGS...]   (PYTEST_ARGS: tests/e2e)
 #     --keep             leave the cluster up afterwards (deleted otherwise)
@@ -36,8 +41,8 @@
 #   `source` it and run pytest against the kept cluster.
 #
 # Network rule: the test process talks to the API server on 127.0.0.1 only; requests run in pods
-# inside the node; CoreDNS has no upstream; containerd's registries point at a closed loopback
-# port (podman runtime), so nothing here reaches past the node.
+# inside the nodes; CoreDNS has no upstream; containerd's registries point at a closed loopback
+# port (podman runtime), so nothing here reaches past the nodes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -224,41 +229,66 @@ step "kind cluster $CLUSTER ($NODE_IMAGE)"
 "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
 "$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$KIND_CONFIG" \
   --kubeconfig "$KUBECONFIG" --wait 180s
-NODE=$("$KUBECTL" get nodes -o jsonpath='{.items[0].metadata.name}')
+mapfile -t NODES < <("$KUBECTL" get nodes -o name | sed 's|^node/||')
+mapfile -t WORKERS < <("$KUBECTL" get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's|^node/||')
+((${#WORKERS[@]} == 3)) || die "expected three workers, found: ${WORKERS[*]}"
+ENGINE_NODE=${WORKERS[0]}
+ENGINE_NODE_LABEL=pdmtp.io/e2e-engine-image
 if [[ $RUNTIME == podman ]]; then
+  hack/kind/pod-network.sh "$KUBECTL"
   "$KUBECTL" apply -f hack/kind/coredns.yaml
 fi
 "$KUBECTL" -n kube-system rollout status deploy/coredns --timeout=120s
 
-load_image() {
+load_image() { # image node...
+  local image=$1
+  shift
   if [[ $RUNTIME == podman ]]; then
-    # What `kind load image-archive` does, streamed. podman save still writes the archive to a
-    # temporary file first (TMPDIR, /var/tmp by default) and leaves it there when it is killed
-    # (an interrupted run: ~10 GB for the engine image each time): keep it in $WORK, which
-    # cleanup removes.
+    # What `kind load image-archive` does: one archive, imported by each node's containerd
+    # (streamed when there is one node). The archive and podman save's own temporary file (which
+    # it leaves behind when killed: ~10 GB for the engine image) live in $WORK, which cleanup
+    # removes.
     mkdir -p "$WORK/podman-tmp"
-    TMPDIR=$WORK/podman-tmp podman save --quiet --format docker-archive "$1" |
-      podman exec -i "$NODE" ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - >/dev/null
+    if (($# == 1)); then
+      TMPDIR=$WORK/podman-tmp podman save --quiet --format docker-archive "$image" |
+        podman exec -i "$1" ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - >/dev/null
+      return
+    fi
+    local archive
+    archive=$(mktemp -u -p "$WORK/podman-tmp" image.XXXXXX.tar)
+    TMPDIR=$WORK/podman-tmp podman save --quiet --format docker-archive -o "$archive" "$image"
+    local node pids=()
+    for node in "$@"; do
+      podman exec -i "$node" ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs - \
+        <"$archive" >/dev/null &
+      pids+=($!)
+    done
+    local pid rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    rm -f "$archive"
+    return $rc
   else
-    "$KIND" load docker-image --name "$CLUSTER" "$1"
+    "$KIND" load docker-image --name "$CLUSTER" --nodes "$(IFS=,; echo "$*")" "$image"
   fi
 }
-step "Load images into the node: $OPERATOR_IMAGE $PREV_OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
+# Only the workers run them: the control plane keeps kubeadm's NoSchedule taint.
+step "Load images into the workers: $OPERATOR_IMAGE $PREV_OPERATOR_IMAGE $ROUTER_IMAGE $EMULATOR_IMAGE"
 for image in "$OPERATOR_IMAGE" "$PREV_OPERATOR_IMAGE" "$ROUTER_IMAGE" "$EMULATOR_IMAGE"; do
-  load_image "$image"
+  load_image "$image" "${WORKERS[@]}"
 done
 if [[ -n $NETPOL_IMAGE ]]; then
   step "NetworkPolicy enforcement: kube-network-policies ($NETPOL_IMAGE)"
-  load_image "$NETPOL_IMAGE"
+  load_image "$NETPOL_IMAGE" "${NODES[@]}"
   sed "s|image: KUBE_NETWORK_POLICIES_IMAGE|image: $NETPOL_IMAGE|" hack/kind/network-policies.yaml |
     "$KUBECTL" apply -f -
   "$KUBECTL" -n kube-system rollout status daemonset/kube-network-policies --timeout=120s
 fi
 # The engine image is ~10 GB: it loads in the background while the cluster tier runs (which
-# never starts it); tests/e2e waits for it.
-step "Load $CHECKPOINT_IMAGE into the node (background)"
-load_image "$CHECKPOINT_IMAGE" >"$WORK/engine-load.log" 2>&1 &
+# never starts it), into one worker only; tests/e2e waits for it, and selects that node for it.
+step "Load $CHECKPOINT_IMAGE into $ENGINE_NODE (background)"
+load_image "$CHECKPOINT_IMAGE" "$ENGINE_NODE" >"$WORK/engine-load.log" 2>&1 &
 ENGINE_LOAD_PID=$!
+"$KUBECTL" label node "$ENGINE_NODE" "$ENGINE_NODE_LABEL=loaded" --overwrite
 
 # ---- pdmtp as users install it -----------------------------------------------------------------
 overlay=$WORK/overlay
@@ -288,10 +318,10 @@ export PDMTP_CLUSTER=kind PDMTP_KUBECTL=$KUBECTL PDMTP_REQUIRE_ALL=${PDMTP_REQUI
 
 # ---- the cluster tier: fake GPU nodes; the real node only runs infrastructure ------------------
 if ((CLUSTER_TIER)); then
-  step "Cluster tier against kind: real node tainted, KWOK fake GPU nodes"
+  step "Cluster tier against kind: real nodes tainted, KWOK fake GPU nodes"
   # The tier starts its own operator per test; the in-cluster one would reconcile the same objects.
   "$KUBECTL" -n pdmtp-system scale deployment pdmtp-operator --replicas=0
-  "$KUBECTL" taint nodes "$NODE" pdmtp.io/e2e-infra=true:NoSchedule
+  "$KUBECTL" taint nodes "${NODES[@]}" pdmtp.io/e2e-infra=true:NoSchedule
   kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "tests/support"); from loopback import free_ports; print(free_ports(1)[0])')
   stages=()
   for f in hack/kwok/*.yaml; do stages+=("--config=$f"); done
@@ -328,7 +358,7 @@ PY
   "$PY" -m pytest "${KIND_CLUSTER_TESTS[@]}" -q -m cluster -p no:cacheprovider --durations=8 \
     || CLUSTER_TIER_RC=$?
 
-  step "Back to one real node: the tier's namespaces, fake nodes and KWOK gone"
+  step "Back to the real nodes: the tier's namespaces, fake nodes and KWOK gone"
   # KWOK completes the fake pods' deletion; only then can their namespaces go.
   if [[ -n $("$KUBECTL" get namespaces -l pdmtp.io/test=true -o name) ]]; then
     "$KUBECTL" wait --for=delete namespace -l pdmtp.io/test=true --timeout=300s
@@ -337,20 +367,22 @@ PY
   kill "$KWOK_PID"
   wait "$KWOK_PID" || true
   KWOK_PID=
-  "$KUBECTL" taint nodes "$NODE" pdmtp.io/e2e-infra=true:NoSchedule-
+  "$KUBECTL" taint nodes "${NODES[@]}" pdmtp.io/e2e-infra=true:NoSchedule-
   # The tier applied deploy/ as it is (image pdmtp-operator:dev): put the overlay back, as a
   # user re-applying their install would.
   install_pdmtp
 fi
 
-# ---- tests/e2e: real pods on the real node -------------------------------------------------------
+# ---- tests/e2e: real pods on the real nodes -----------------------------------------------------
 # Extended resources are advertised by patching node status (as a device plugin's kubelet would
 # report them); the kubelet keeps them. Every engine pod of tests/e2e asks for one GPU.
-"$KUBECTL" patch node "$NODE" --subresource=status --type=json \
-  -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"16"}]'
+for node in "${WORKERS[@]}"; do
+  "$KUBECTL" patch node "$node" --subresource=status --type=json \
+    -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"16"}]'
+done
 export PDMTP_E2E_EMULATOR_IMAGE=$EMULATOR_IMAGE PDMTP_E2E_ROUTER_IMAGE=$ROUTER_IMAGE
 export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_IMAGE=$CHECKPOINT_IMAGE
-export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL
+export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL PDMTP_E2E_ENGINE_NODE_LABEL=$ENGINE_NODE_LABEL
 export PDMTP_E2E_RESULT=${PDMTP_E2E_RESULT:-$WORK/rollout.json}
 # tests/e2e/test_upgrade.py: the previous release (tree, image) to upgrade from, helm, and the
 # overlay install_pdmtp applies (the upgrade applies it, and the test leaves it installed).
@@ -370,10 +402,10 @@ E2E_RC=0
 NEEDS_ENGINE=tests/e2e/test_pd_lifecycle.py
 if ((${#PYTEST_ARGS[@]} == 0)); then
   step "tests/e2e against kind (all but $NEEDS_ENGINE, the engine image still loading)"
-  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA --ignore "$NEEDS_ENGINE" || E2E_RC=$?
+  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA --durations=12 --ignore "$NEEDS_ENGINE" || E2E_RC=$?
   wait_engine_image
   step "tests/e2e against kind: $NEEDS_ENGINE"
-  "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA || E2E_RC=$?
+  "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA --durations=12 || E2E_RC=$?
 else
   # Only a run that may select the engine's file waits for its image.
   for arg in "${PYTEST_ARGS[@]}"; do
@@ -388,7 +420,7 @@ else
     if [[ $arg == tests/* ]]; then selected=() && break; fi
   done
   step "tests/e2e against kind"
-  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA "${PYTEST_ARGS[@]}" || E2E_RC=$?
+  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA --durations=12 "${PYTEST_ARGS[@]}" || E2E_RC=$?
 fi
 if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
 if [[ -s $PDMTP_E2E_UPGRADE_RESULT ]]; then echo "upgrade figures: $(tr -d '\n ' <"$PDMTP_E2E_UPGRADE_RESULT")"; fi

@@ -1,4 +1,5 @@
-"""kind e2e tier: the operator installed from deploy/ on a real kind node, real pods.
+"""kind e2e tier: the operator installed from deploy/ on a kind cluster of a control plane and
+three workers, real pods.
 
 hack/kind-e2e.sh (`make kind-e2e`) builds the images and the node image, creates the cluster,
 installs CoreDNS, gives the node fake `nvidia.com/gpu` capacity, loads the images and installs

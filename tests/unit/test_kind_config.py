@@ -35,3 +35,12 @@ def test_kind_serves_the_workload_api_of_its_version(config: str) -> None:
     doc = yaml.safe_load((REPO / config).read_text())
     assert doc["featureGates"] == {gate: True for gate in api.feature_gates}
     assert doc["runtimeConfig"] == {api.group_version: "true"}
+
+
+def test_both_runtimes_make_the_same_nodes() -> None:
+    """tests/e2e places a two-node group beside a single-node role and a surge group beside the
+    old one: both kind configs make a control plane and three workers."""
+    for config in CONFIGS:
+        doc = yaml.safe_load((REPO / config).read_text())
+        roles = [node["role"] for node in doc["nodes"]]
+        assert roles == ["control-plane", "worker", "worker", "worker"], config
