@@ -2,7 +2,7 @@
 
 Network rule: the test process talks only to the kind API server on 127.0.0.1. Everything that
 reaches a pod goes through the API server (`kubectl exec`, the pod and service proxies) or runs
-in a pod of its own (the load client), so all traffic stays on loopback or inside the kind node.
+in a pod of its own (the load client), so all traffic stays on loopback or inside the kind nodes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ IMAGE_ENV = {
 }
 ENGINE_MODEL_ENV = "PDMTP_E2E_ENGINE_MODEL"
 """A checkpoint directory inside the engine image (hack/kind-e2e.sh adds it to the image)."""
+ENGINE_NODE_LABEL_ENV = "PDMTP_E2E_ENGINE_NODE_LABEL"
+"""The label of the one node the ~10 GB engine image is loaded into (value `loaded`)."""
 OPERATOR_NAMESPACE = "pdmtp-system"
 
 
@@ -39,14 +41,25 @@ class Images:
     operator: str
     engine: str
     engine_model: str
+    engine_node_label: str
+
+    @property
+    def engine_node_selector(self) -> dict[str, str]:
+        """Where a pod of the engine image can start: the node it was loaded into."""
+        return {self.engine_node_label: "loaded"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Images:
-        missing = [name for name in [*IMAGE_ENV.values(), ENGINE_MODEL_ENV] if not env.get(name)]
+        required = [*IMAGE_ENV.values(), ENGINE_MODEL_ENV, ENGINE_NODE_LABEL_ENV]
+        missing = [name for name in required if not env.get(name)]
         if missing:
             raise LookupError(f"unset: {', '.join(missing)} (hack/kind-e2e.sh sets them)")
         images = {key: env[name] for key, name in IMAGE_ENV.items()}
-        return cls(**images, engine_model=env[ENGINE_MODEL_ENV])
+        return cls(
+            **images,
+            engine_model=env[ENGINE_MODEL_ENV],
+            engine_node_label=env[ENGINE_NODE_LABEL_ENV],
+        )
 
 
 class KubectlError(RuntimeError):
@@ -114,9 +127,16 @@ class Kind:
         )
 
     def pod_json(self, namespace: str, pod: str, port: int, path: str) -> Any:
-        """GET a pod's HTTP endpoint through the API server's pod proxy."""
+        """GET an engine pod's own HTTP endpoint from inside it (`kubectl exec`, loopback). Not
+        through the API server's pod proxy: that dials from the control-plane node, which the
+        engines' NetworkPolicy rightly refuses once the pod runs on another node."""
+        url = f"http://127.0.0.1:{port}/{path.lstrip('/')}"
+        fetch = (
+            "import sys, urllib.request; "
+            f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+        )
         return json.loads(
-            self.raw(f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/{path}")
+            self.kubectl("-n", namespace, "exec", pod, "-c", "engine", "--", "python", "-c", fetch)
         )
 
     def diagnostics(self, namespace: str | None) -> str:

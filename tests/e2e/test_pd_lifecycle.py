@@ -257,13 +257,11 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
     assert len(before) == 3 and all(ready for _, _, ready in before.values()), before
 
     # The real engine image, with the checkpoint it carries: one MTP module, where the spec says
-    # three. The operator expects lookahead 2 (k=2); vLLM computes 1 from the checkpoint.
+    # three. The operator expects lookahead 2 (k=2); vLLM computes 1 from the checkpoint. Only
+    # one node carries that image.
+    on_engine_node = {"env": SITE_ENV, "nodeSelector": kind.images.engine_node_selector}
     patch = {
-        "spec": {
-            "image": kind.images.engine,
-            "prefill": {"env": SITE_ENV},
-            "decode": {"env": SITE_ENV},
-        }
+        "spec": {"image": kind.images.engine, "prefill": on_engine_node, "decode": on_engine_node}
     }
     kind.kubectl(
         "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(patch)
