@@ -34,6 +34,9 @@ from localcluster import fake_gpu_node
 
 SCHEDULING_GROUP = "scheduling.k8s.io"
 TEST_KEY = "gang.pdmtp.io/test"  # node label and taint key; the value is unique per test
+# The PodGroup's status condition the scheduler sets (k8s.io/api scheduling/<version>/types.go):
+# renamed in v1beta1, which says it covers scheduling "till first success".
+SCHEDULED_CONDITION = {"v1alpha2": "PodGroupScheduled", "v1beta1": "PodGroupInitiallyScheduled"}
 
 
 @dataclass

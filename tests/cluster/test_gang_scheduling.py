@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from cluster.gangwatch import (
+    SCHEDULED_CONDITION,
     SCHEDULING_GROUP,
     GangNodes,
     GangWatch,
@@ -37,9 +38,6 @@ IMAGE = "registry.invalid/pdmtp/fake:0"
 APP = "gang-test"
 SETTLE = 2.0  # how long a gang's two bind calls may leave it partly bound (~ms in practice)
 HOLD = SETTLE + 1.0  # how long a refused state is watched before capacity is added
-# The PodGroup's status condition the scheduler sets (k8s.io/api scheduling/<version>/types.go):
-# renamed in v1beta1, which says it covers scheduling "till first success".
-SCHEDULED_CONDITION = {"v1alpha2": "PodGroupScheduled", "v1beta1": "PodGroupInitiallyScheduled"}
 
 
 @pytest.fixture(scope="module")
