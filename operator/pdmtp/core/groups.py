@@ -123,7 +123,9 @@ def group_pod(
     gpus, _ = gpus_per_pod(shape, compat.tensor_parallel_size, compat.pipeline_parallel_size)
     _gpus(container, gpus)
     if rank > 0:
-        # A headless rank serves no HTTP: its health is the leader's (a lost rank fails it).
+        # A headless rank serves no HTTP, so it has no probe. A lost rank is seen in the pods'
+        # status (core.grouping replaces the group), not in the leader's /health: vLLM 0.32's
+        # leader kept answering 200 after its worker was killed (docs/benchmarks.md).
         for probe in PROBES:
             container.pop(probe, None)
     workload = names.workload(name, revision, role)
