@@ -172,14 +172,16 @@ class Emulator:
     def log(self) -> str:
         return "\n".join(self.lines[-50:])
 
-    def wait_event(self, msg: str, timeout: float = BOUND) -> dict[str, Any]:
+    def wait_event(self, msg: str, timeout: float = BOUND, count: int = 1) -> dict[str, Any]:
+        """The last `msg` line once there are at least `count` of them (the leader logs a refusal
+        after it has closed the connection, so a client may be answered before the line)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if found := self.events(msg):
+            if len(found := self.events(msg)) >= count:
                 return found[-1]
             if self.proc.poll() is not None:
                 time.sleep(0.1)  # the reader may still hold its last lines
-                if found := self.events(msg):
+                if len(found := self.events(msg)) >= count:
                     return found[-1]
                 break
             time.sleep(0.05)
@@ -433,6 +435,7 @@ def test_a_duplicate_or_foreign_rank_is_refused_and_the_engine_serves_on(start: 
     assert _hello(port, b'{"rank": 0, "nodes": 2}\n') == b""
     assert _hello(port, b'{"rank": 1, "nodes": 3}\n') == b""
     assert _hello(port, b"hello\n") == b""
+    leader.wait_event("rank refused", count=5)
     reasons = [e["reason"] for e in leader.events("rank refused")]
     assert len(reasons) == 5, reasons
     assert reasons[0].startswith("rank already joined from 127.0.0.1:"), reasons

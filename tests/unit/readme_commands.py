@@ -358,6 +358,10 @@ REGISTRY: dict[str, Entry] = {
         "`make kind-e2e` (hack/kind-e2e.sh) builds the node image with it",
         ("hack/kind-e2e.sh", "NODE_IMAGE=$(hack/kind/build-node-image.sh)"),
     ),
+    "hack/kind/pod-network.sh": ByMake(
+        "`make kind-e2e` (hack/kind-e2e.sh) runs it right after creating the cluster",
+        ("hack/kind-e2e.sh", 'hack/kind/pod-network.sh "$KUBECTL"'),
+    ),
     "KIND_E2E_RUNTIME=docker hack/kind-e2e.sh": NotRun(
         "no Docker engine and no registry here (the README says this path has not been run); "
         "`make kind-e2e` runs the same script and tests on podman"
