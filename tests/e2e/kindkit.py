@@ -13,7 +13,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -158,6 +158,30 @@ class Kind:
             out = "\n".join(line for line in out.splitlines() if "kube-probe/" not in line)
             parts.append(f"$ kubectl {' '.join(args)}\n{out}")
         return "\n".join(parts)
+
+
+def patch_pdd(kind: Kind, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+    """A merge patch of a PDDeployment, as `kubectl patch --type=merge` sends it."""
+    kind.kubectl(
+        "-n", namespace, "patch", "pddeployment", name, "--type=merge", "-p", json.dumps(body)
+    )
+
+
+@dataclass
+class Figures:
+    """A test module's measured figures: printed as each is recorded, and kept as JSON in the
+    file the environment variable `env` names, when it is set."""
+
+    env: str
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, key: str, figures: dict[str, Any]) -> None:
+        self.results[key] = figures
+        print(f"\n{key}: {json.dumps(figures, sort_keys=True)}")
+        if os.environ.get(self.env):
+            Path(os.environ[self.env]).write_text(
+                json.dumps(self.results, indent=2, sort_keys=True)
+            )
 
 
 def load_pod(

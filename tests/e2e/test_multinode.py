@@ -20,16 +20,14 @@ In order (the tests build on each other, in one namespace):
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import pdd
 from cluster.gangwatch import SCHEDULED_CONDITION, GangWatch
-from e2e.kindkit import Kind, LoadRun, wait_for
+from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, wait_for
 from kubernetes import config as kube_config
 from pdmtp.api.vocabulary import (
     ANNOTATION_LEAVING,
@@ -41,10 +39,9 @@ from pdmtp.api.vocabulary import (
 )
 
 NAME = "wide"
-RESULT_ENV = "PDMTP_E2E_MULTINODE_RESULT"
+record = Figures("PDMTP_E2E_MULTINODE_RESULT").record
 GROUP_NODES = 2
 PLACEMENT_SECONDS = 2.0
-results: dict[str, Any] = {}
 state: dict[str, Any] = {}
 
 
@@ -126,16 +123,7 @@ def wait_settled(kind: Kind, namespace: str, decode_groups: int, timeout: float 
 
 
 def patch(kind: Kind, namespace: str, body: dict[str, Any]) -> None:
-    kind.kubectl(
-        "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(body)
-    )
-
-
-def record(key: str, figures: dict[str, Any]) -> None:
-    results[key] = figures
-    print(f"\n{key}: {json.dumps(figures, sort_keys=True)}")
-    if os.environ.get(RESULT_ENV):
-        Path(os.environ[RESULT_ENV]).write_text(json.dumps(results, indent=2, sort_keys=True))
+    patch_pdd(kind, namespace, NAME, body)
 
 
 def log_events(kind: Kind, namespace: str, pod: str) -> list[dict[str, Any]]:

@@ -9,14 +9,11 @@ load client opening a new connection per request.
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from builders import pdd
-from e2e.kindkit import Kind, LoadRun, wait_for
+from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, wait_for
 from pdmtp.api.vocabulary import (
     ANNOTATION_LEAVING,
     ANNOTATION_PROMOTE,
@@ -25,8 +22,7 @@ from pdmtp.api.vocabulary import (
 )
 
 NAME = "elastic"
-RESULT_ENV = "PDMTP_E2E_SCALING_RESULT"
-results: dict[str, Any] = {}
+record = Figures("PDMTP_E2E_SCALING_RESULT").record
 
 
 def spec_for(kind: Kind, prefill: int, decode: int) -> dict[str, Any]:
@@ -72,16 +68,7 @@ def settled_at(kind: Kind, namespace: str, prefill: int, decode: int) -> bool:
 
 
 def patch(kind: Kind, namespace: str, body: dict[str, Any]) -> None:
-    kind.kubectl(
-        "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(body)
-    )
-
-
-def record(key: str, figures: dict[str, Any]) -> None:
-    results[key] = figures
-    print(f"\n{key}: {json.dumps(figures, sort_keys=True)}")
-    if os.environ.get(RESULT_ENV):
-        Path(os.environ[RESULT_ENV]).write_text(json.dumps(results, indent=2, sort_keys=True))
+    patch_pdd(kind, namespace, NAME, body)
 
 
 def test_1_scaling_under_load_loses_no_request(kind: Kind, namespace: str) -> None:
