@@ -46,10 +46,10 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from pdmtp_emulator.ranks import EngineState
 from pdmtp_emulator.scheduler import Scheduler, Tuning, label_set, max_tokens_of
 
 Role = Literal["prefill", "decode"]
-EngineState = Literal["starting", "serving", "dead"]
 FailMode = Literal["status", "drop", "slow"]
 LOOPBACK = "127.0.0.1"
 MODEL = "emulated/model"

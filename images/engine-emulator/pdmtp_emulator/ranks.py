@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Layout = Literal["DataParallel", "TensorParallel"]
-GroupState = Literal["starting", "serving", "dead"]
+EngineState = Literal["starting", "serving", "dead"]
+"""What the leader's engine can do (engine.EngineEmulator.state): "starting" until every rank has
+joined, then "serving"; "dead" once one is lost. A single-node engine is always "serving"."""
 
 EXIT_LEADER_UNREACHABLE = 3
 EXIT_REFUSED = 4
@@ -176,8 +178,8 @@ class Rendezvous:
 
     group: Group
     host: str
-    on_state: Callable[[GroupState], None]
-    state: GroupState = "starting"
+    on_state: Callable[[EngineState], None]
+    state: EngineState = "starting"
     joined: dict[int, str] = field(default_factory=dict)
     """Rank -> its peer address ("host:port"), for every rank that ever joined."""
     dead: asyncio.Event = field(default_factory=asyncio.Event)
@@ -201,7 +203,7 @@ class Rendezvous:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def _set(self, state: GroupState) -> None:
+    def _set(self, state: EngineState) -> None:
         self.state = state
         self.on_state(state)
 

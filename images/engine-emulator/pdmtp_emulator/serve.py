@@ -41,7 +41,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from pdmtp_emulator import ranks
 from pdmtp_emulator.engine import EngineEmulator, Identity, Role
@@ -124,13 +124,6 @@ def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmul
     )
 
 
-def _set_state(engine: EngineEmulator) -> Callable[[ranks.GroupState], None]:
-    def set_state(state: ranks.GroupState) -> None:
-        engine.state = state
-
-    return set_state
-
-
 async def run(
     engine: EngineEmulator, group: ranks.Group | None = None, dead_exit_seconds: float = 0.0
 ) -> int:
@@ -142,7 +135,10 @@ async def run(
     rendezvous = None
     if group is not None:
         # Listening before the API does, so the API never answers as if the group were whole.
-        rendezvous = ranks.Rendezvous(group, engine.host, _set_state(engine))
+        def set_state(state: ranks.EngineState) -> None:
+            engine.state = state
+
+        rendezvous = ranks.Rendezvous(group, engine.host, set_state)
         await rendezvous.start()
     await engine.serve()
     print(
