@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from cluster import kubehelpers
+from pdmtp.api.vocabulary import ANNOTATION_LEAVING
 
 T = TypeVar("T")
 
@@ -114,6 +115,12 @@ class Kind:
         conds = self.pdd(namespace, name).get("status", {}).get("conditions", [])
         return next((c for c in conds if c["type"] == kind), None)
 
+    def settled(self, namespace: str, name: str) -> bool:
+        """The PDDeployment Available and not progressing."""
+        available = self.condition(namespace, name, "Available") or {}
+        progressing = self.condition(namespace, name, "Progressing") or {}
+        return available.get("status") == "True" and progressing.get("status") == "False"
+
     def wait_condition(self, namespace: str, name: str, condition: str, timeout: int) -> None:
         """`kubectl wait --for=condition=...`, as a user would."""
         self.kubectl(
@@ -158,6 +165,15 @@ class Kind:
             out = "\n".join(line for line in out.splitlines() if "kube-probe/" not in line)
             parts.append(f"$ kubectl {' '.join(args)}\n{out}")
         return "\n".join(parts)
+
+
+def serving(pod: Mapping[str, Any]) -> bool:
+    """An engine pod that serves and stays: Ready, neither terminating nor marked leaving."""
+    meta = pod["metadata"]
+    if meta.get("deletionTimestamp") or ANNOTATION_LEAVING in (meta.get("annotations") or {}):
+        return False
+    ready = [c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
+    return bool(ready) and ready[0]["status"] == "True"
 
 
 def patch_pdd(kind: Kind, namespace: str, name: str, body: Mapping[str, Any]) -> None:

@@ -27,10 +27,9 @@ from typing import Any
 import pytest
 from builders import pdd
 from cluster.gangwatch import SCHEDULED_CONDITION, GangWatch
-from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, wait_for
+from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, serving, wait_for
 from kubernetes import config as kube_config
 from pdmtp.api.vocabulary import (
-    ANNOTATION_LEAVING,
     LABEL_GROUP,
     LABEL_GROUP_RANK,
     LABEL_NAME,
@@ -87,31 +86,19 @@ def groups_of(pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def _serving(pod: dict[str, Any]) -> bool:
-    meta = pod["metadata"]
-    if meta.get("deletionTimestamp") or ANNOTATION_LEAVING in (meta.get("annotations") or {}):
-        return False
-    if pod["status"].get("phase") != "Running":
-        return False
-    statuses = pod["status"].get("containerStatuses") or []
-    return bool(statuses) and all(s.get("ready") for s in statuses)
-
-
 def settled_at(kind: Kind, namespace: str, decode_groups: int) -> bool:
-    """One prefill pod and exactly `decode_groups` whole groups, every pod running and ready
-    (a worker has no probe: running), none leaving; Available and not progressing."""
+    """One prefill pod and exactly `decode_groups` whole groups, every pod Ready (a worker has no
+    probe: Ready once running), none leaving; Available and not progressing."""
     prefill = engine_pods(kind, namespace, "prefill")
-    if len(prefill) != 1 or not _serving(prefill[0]):
+    if len(prefill) != 1 or not serving(prefill[0]):
         return False
     groups = groups_of(engine_pods(kind, namespace, "decode"))
     if len(groups) != decode_groups:
         return False
     for members in groups.values():
-        if len(members) != GROUP_NODES or not all(_serving(p) for p in members):
+        if len(members) != GROUP_NODES or not all(serving(p) for p in members):
             return False
-    available = kind.condition(namespace, NAME, "Available") or {}
-    progressing = kind.condition(namespace, NAME, "Progressing") or {}
-    return available.get("status") == "True" and progressing.get("status") == "False"
+    return kind.settled(namespace, NAME)
 
 
 def wait_settled(kind: Kind, namespace: str, decode_groups: int, timeout: float = 240) -> None:

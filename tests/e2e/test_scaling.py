@@ -13,9 +13,8 @@ import time
 from typing import Any
 
 from builders import pdd
-from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, wait_for
+from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, serving, wait_for
 from pdmtp.api.vocabulary import (
-    ANNOTATION_LEAVING,
     ANNOTATION_PROMOTE,
     LABEL_NAME,
     LABEL_ROLE,
@@ -53,18 +52,9 @@ def settled_at(kind: Kind, namespace: str, prefill: int, decode: int) -> bool:
         pods = engine_pods(kind, namespace, role)
         if len(pods) != want:
             return False
-        for pod in pods:
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp") or ANNOTATION_LEAVING in (
-                meta.get("annotations") or {}
-            ):
-                return False
-            ready = [c for c in pod["status"].get("conditions", []) if c["type"] == "Ready"]
-            if not ready or ready[0]["status"] != "True":
-                return False
-    available = kind.condition(namespace, NAME, "Available") or {}
-    progressing = kind.condition(namespace, NAME, "Progressing") or {}
-    return available.get("status") == "True" and progressing.get("status") == "False"
+        if not all(serving(pod) for pod in pods):
+            return False
+    return kind.settled(namespace, NAME)
 
 
 def patch(kind: Kind, namespace: str, body: dict[str, Any]) -> None:
