@@ -96,9 +96,15 @@ ENGINE_LOAD_PID=
 CLUSTER_TIER_RC=0
 cleanup() {
   local rc=$?
-  if [[ -n $KWOK_PID ]]; then kill "$KWOK_PID" 2>/dev/null; wait "$KWOK_PID" 2>/dev/null; fi
-  # The background image load: its podman save and exec, then the subshell itself.
-  if [[ -n $ENGINE_LOAD_PID ]]; then pkill -P "$ENGINE_LOAD_PID" 2>/dev/null; kill "$ENGINE_LOAD_PID" 2>/dev/null; fi
+  # `|| true`: errexit holds in this trap too, and a process already gone must not end it before
+  # the cluster is deleted.
+  if [[ -n $KWOK_PID ]]; then kill "$KWOK_PID" 2>/dev/null || true; wait "$KWOK_PID" 2>/dev/null || true; fi
+  # The background image load: its podman save and exec, then the subshell itself (which may
+  # already have ended with them).
+  if [[ -n $ENGINE_LOAD_PID ]]; then
+    pkill -P "$ENGINE_LOAD_PID" 2>/dev/null || true
+    kill "$ENGINE_LOAD_PID" 2>/dev/null || true
+  fi
   rm -rf "$WORK/podman-tmp"
   if ((rc != 0)) && [[ -s $KUBECONFIG ]]; then
     echo "---- diagnostics (exit $rc) ----" >&2
