@@ -27,18 +27,20 @@ venv: $(VENV)/.installed ## Create .venv with pdmtp and its test/dev tools
 # ---- generated files ---------------------------------------------------------------------------
 
 .PHONY: generate
-generate: venv ## Regenerate crds/ and docs/api-reference.md from the pydantic model
+generate: venv ## Regenerate crds/, docs/api-reference.md and README.md's tables from the model
 	$(VENV)/bin/pdmtp crd > crds/pdmtp.io_pddeployments.yaml
 	$(VENV)/bin/pdmtp crd --kind PDRoleScale > crds/pdmtp.io_pdrolescales.yaml
 	rm -f charts/pdmtp/files/crds/*.yaml && cp crds/pdmtp.io_*.yaml charts/pdmtp/files/crds/
 	$(VENV)/bin/pdmtp docs > docs/api-reference.md
+	$(PY) -m pdmtp.api.readme README.md
 
 .PHONY: verify
-verify: venv ## Fail if crds/ or docs/ drifted from the model
+verify: venv ## Fail if crds/, docs/ or README.md's tables drifted from the model
 	diff -u crds/pdmtp.io_pddeployments.yaml <($(VENV)/bin/pdmtp crd)
 	diff -u crds/pdmtp.io_pdrolescales.yaml <($(VENV)/bin/pdmtp crd --kind PDRoleScale)
 	diff -ru -x kustomization.yaml crds charts/pdmtp/files/crds
 	diff -u docs/api-reference.md <($(VENV)/bin/pdmtp docs)
+	$(PY) -m pdmtp.api.readme --check README.md
 
 .PHONY: lint
 lint: venv chart-check ## ruff, mypy --strict, import-linter (the core stays pure)
@@ -65,13 +67,17 @@ keda-bins: ## Build KEDA's operator and metrics adapter for the autoscaling test
 helm-bin: ## Build the helm CLI for the chart checks and the chart's cluster test (cached)
 	hack/helm/build.sh
 
+.PHONY: prometheus-bin
+prometheus-bin: ## Build prometheus and promtool for the alert rule tests and the kind alert test (cached)
+	hack/prometheus/build.sh
+
 .PHONY: cluster-up
 cluster-up: venv cluster-bins ## Start the local control plane with fake GPU nodes (.cluster/)
-	$(PY) tests/support/localcluster.py up --dir .cluster
+	$(PY) hack/lib/localcluster.py up --dir .cluster
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane
-	$(PY) tests/support/localcluster.py down --dir .cluster
+	$(PY) hack/lib/localcluster.py down --dir .cluster
 
 # ---- the main job -----------------------------------------------------------------------------
 
@@ -90,8 +96,9 @@ demo-down: ## Stop the demo's operator and control plane
 
 .PHONY: test-unit
 # Two workers: the tier is CPU-bound (the 10,000-spec fuzz, the planner's simulations).
-test-unit: venv helm-bin ## Unit tier: pure core, CLI, CRD and docs drift (seconds)
-	PDMTP_HELM="$$(hack/helm/build.sh)" $(PY) -m pytest tests/unit -q -n 2
+test-unit: venv helm-bin prometheus-bin ## Unit tier: pure core, CLI, CRD and docs drift, alert rules (seconds)
+	PDMTP_HELM="$$(hack/helm/build.sh)" PDMTP_PROMETHEUS_DIR="$$(hack/prometheus/build.sh)" \
+	$(PY) -m pytest tests/unit -q -n 2
 
 .PHONY: test-router
 test-router: venv ## Router tier: the pinned vllm-router against emulated engines on loopback
@@ -141,7 +148,7 @@ bench-scale: venv cluster-bins ## Benchmark: 500 PDDeployments (1,500 pods) vs p
 
 .PHONY: images
 images: ## Build the operator, router and engine images with podman on local bases (cached)
-	python3 tests/support/build_images.py build
+	python3 hack/lib/build_images.py build
 
 .PHONY: test-images
 test-images: venv images cluster-bins ## Images tier: each image run as its pod would, podman, no registry
@@ -161,5 +168,5 @@ kind-e2e: venv ## E2e on kind: real node, deploy/, emulator + real router, MTP r
 
 .PHONY: clean
 clean: ## Remove .venv and local state (keeps the binary cache in ~/.cache/pdmtp)
-	-[ -f .cluster/state.json ] && $(PY) tests/support/localcluster.py down --dir .cluster
+	-[ -f .cluster/state.json ] && $(PY) hack/lib/localcluster.py down --dir .cluster
 	rm -rf $(VENV) .cluster .pytest_cache .mypy_cache .ruff_cache

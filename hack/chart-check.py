@@ -10,8 +10,8 @@
    is left out: RBAC rules, args, probes, security contexts, resources, CRD schemas, the
    deletion guard. A difference is printed as a diff per object.
 2. `helm lint --strict` (at versions.env's K8S_VERSION) passes with the default values and with
-   values that turn every option on (watchNamespaces, webhook, the ServiceMonitor,
-   crds.keep=false, debug logging).
+   values that turn every option on (watchNamespaces, webhook, the monitors, the alert rules and
+   the dashboard, crds.keep=false, debug logging).
 
 PDMTP_HELM and PDMTP_KUBECTL name the binaries (default: the cached builds of the pins).
 """
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(REPO / "hack" / "lib"))
 
 from chart import CHART, HelmError, documents, drift, helm_binary, render, run_helm  # noqa: E402
 from versions import read_versions  # noqa: E402
@@ -33,6 +33,9 @@ EVERY_OPTION = [
     "watchNamespaces={serving,batch}",
     "webhook.enabled=true",
     "metrics.serviceMonitor.enabled=true",
+    "metrics.podMonitor.enabled=true",
+    "metrics.prometheusRule.enabled=true",
+    "metrics.dashboard.enabled=true",
     "crds.keep=false",
     "logLevel=debug",
     "podAnnotations.example\\.com/team=serving",

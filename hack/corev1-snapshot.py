@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(REPO / "hack" / "lib"))
 
 from localcluster import K8S_VERSION, LocalCluster  # noqa: E402
 

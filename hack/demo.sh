@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 STATE=$(realpath -m "${PDMTP_DEMO_DIR:-.cluster}")
 VENV=${VENV:-.venv}
-BIN_DIR="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests/support"); import localcluster; print(localcluster.default_bin_dir())')"
+BIN_DIR="$("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "hack/lib"); import localcluster; print(localcluster.default_bin_dir())')"
 KUBECTL="$BIN_DIR/kubectl"
 export KUBECONFIG="$STATE/kubeconfig"
 
@@ -33,15 +33,15 @@ if [[ ${1:-} == down ]]; then
     echo "operator (pid $pid) stopped"
   fi
   rm -f "$STATE/operator.pid" "$STATE/operator.ports"
-  "$VENV/bin/python" tests/support/localcluster.py down --dir "$STATE"
+  "$VENV/bin/python" hack/lib/localcluster.py down --dir "$STATE"
   exit 0
 fi
 
 step "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, KWOK) on 127.0.0.1"
-if "$VENV/bin/python" tests/support/localcluster.py status --dir "$STATE" >/dev/null 2>&1; then
+if "$VENV/bin/python" hack/lib/localcluster.py status --dir "$STATE" >/dev/null 2>&1; then
   echo "already running"
 else
-  "$VENV/bin/python" tests/support/localcluster.py up --dir "$STATE"
+  "$VENV/bin/python" hack/lib/localcluster.py up --dir "$STATE"
 fi
 "$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,GPUS:.status.allocatable.nvidia\.com/gpu,READY:.status.conditions[?(@.type=="Ready")].status'
 
@@ -54,7 +54,7 @@ if pid=$(operator_pid); then
   echo "already running (pid $pid)"
 else
   # Ports of its own on loopback, so that a second demo (the test tier's) does not collide.
-  read -r metrics_port health_port < <("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "tests/support"); from loopback import free_ports; print(*free_ports(2))')
+  read -r metrics_port health_port < <("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "hack/lib"); from loopback import free_ports; print(*free_ports(2))')
   nohup "$VENV/bin/pdmtp" run --namespace default --kubeconfig "$KUBECONFIG" \
     --resync-seconds 5 --metrics-address 127.0.0.1 --metrics-port "$metrics_port" \
     --health-listen "127.0.0.1:$health_port" >"$STATE/operator.log" 2>&1 &

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on real nodes.
 #
-#   1. images: operator, router and engine (tests/support/build_images.py), the engine emulator
+#   1. images: operator, router and engine (hack/lib/build_images.py), the engine emulator
 #      (images/engine-emulator) and the engine image plus a test checkpoint
 #      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh); the
 #      previous release's operator image, built from its tree (versions.env PREVIOUS_RELEASE*,
-#      `git archive` into ~/.cache/pdmtp/previous/<commit>/) for tests/e2e/test_upgrade.py, and
-#      helm (hack/helm/build.sh). All cached: a warm run only hashes inputs.
+#      `git archive` into ~/.cache/pdmtp/previous/<commit>/) for tests/e2e/test_upgrade.py,
+#      helm (hack/helm/build.sh) and, for tests/e2e/test_alerts.py, prometheus
+#      (hack/prometheus/build.sh). All cached: a warm run only hashes inputs.
 #   2. a kind cluster of a control plane and three workers (hack/kind/cluster.yaml), its API
 #      server published on 127.0.0.1, the Workload API on; pod routes between the nodes
 #      (hack/kind/pod-network.sh; the docker runtime's kindnet routes on its own); CoreDNS without
@@ -25,7 +26,9 @@
 #      engine port, a paired rollout under it, a control run without it); one PDDeployment
 #      through Available, a paired MTP rollout under a bounded request loop, the real engine
 #      refusing a mismatched lookahead, and deletion; multi-node decode groups gang-scheduled
-#      across the workers, rolled, broken and scaled under load.
+#      across the workers, rolled, broken and scaled under load; a worker drained and one lost
+#      (its container frozen) under load; the leading operator deleted and frozen mid-rollout
+#      under load (its standby takes over).
 #
 #   hack/kind-e2e.sh [--keep] [--no-cluster-tier] [-- PYTEST_ARGS...]   (PYTEST_ARGS: tests/e2e)
 #     --keep             leave the cluster up afterwards (deleted otherwise)
@@ -143,8 +146,9 @@ if [[ ! -f $PREV_TREE/pyproject.toml ]]; then
 fi
 PREV_VERSION=$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$PREV_TREE/pyproject.toml")
 echo "$PREVIOUS_RELEASE: commit $PREV_COMMIT, version $PREV_VERSION, tree $PREV_TREE"
-step "helm (hack/helm/build.sh)"
+step "helm (hack/helm/build.sh), prometheus (hack/prometheus/build.sh)"
 HELM=$(hack/helm/build.sh)
+PROMETHEUS_DIR=$(hack/prometheus/build.sh)
 
 # ---- images -------------------------------------------------------------------------------------
 CHECKPOINT_MODEL=/opt/pdmtp-e2e/tiny-mtp1   # tests/e2e/engine-checkpoint/Containerfile
@@ -159,15 +163,15 @@ if [[ $RUNTIME == podman ]]; then
   # shellcheck source=hack/podman-env.sh
   source hack/podman-env.sh
   export KIND_EXPERIMENTAL_PROVIDER=podman
-  step "Images: tests/support/build_images.py (operator, router, engine and their local bases)"
-  python3 tests/support/build_images.py build base-python operator router engine
-  name_of() { python3 tests/support/build_images.py names | sed -n "s/^$1=//p"; }
+  step "Images: hack/lib/build_images.py (operator, router, engine and their local bases)"
+  python3 hack/lib/build_images.py build base-python operator router engine
+  name_of() { python3 hack/lib/build_images.py names | sed -n "s/^$1=//p"; }
   OPERATOR_IMAGE=${KIND_E2E_OPERATOR_IMAGE:-$(name_of operator)}
   ROUTER_IMAGE=$(name_of router)
   ENGINE_IMAGE=$(name_of engine)
   BASE_PYTHON=$(name_of base-python)
   step "Images: the previous release's operator, from its tree (build_images.py build-tree)"
-  PREV_OPERATOR_IMAGE=$(python3 tests/support/build_images.py build-tree "$PREV_TREE" --revision "${PREV_COMMIT:0:7}")
+  PREV_OPERATOR_IMAGE=$(python3 hack/lib/build_images.py build-tree "$PREV_TREE" --revision "${PREV_COMMIT:0:7}")
 
   # Rebuilt only when its inputs (files, base image) change; the label is build_images.py's.
   local_build() { # image context containerfile base-arg=base-image
@@ -328,11 +332,11 @@ if ((CLUSTER_TIER)); then
   # The tier starts its own operator per test; the in-cluster one would reconcile the same objects.
   "$KUBECTL" -n pdmtp-system scale deployment pdmtp-operator --replicas=0
   "$KUBECTL" taint nodes "${NODES[@]}" pdmtp.io/e2e-infra=true:NoSchedule
-  kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "tests/support"); from loopback import free_ports; print(free_ports(1)[0])')
+  kwok_port=$("$PY" -c 'import sys; sys.path.insert(0, "hack/lib"); from loopback import free_ports; print(free_ports(1)[0])')
   stages=()
   for f in hack/kwok/*.yaml; do stages+=("--config=$f"); done
   mkdir -p "$WORK/kwok-home"
-  # As tests/support/localcluster.py runs it: only annotated nodes, fake pod IPs that nothing dials
+  # As hack/lib/localcluster.py runs it: only annotated nodes, fake pod IPs that nothing dials
   # (disjoint from the node's pod, Service and podman ranges), its kubelet port on loopback.
   HOME=$WORK/kwok-home "$CLUSTER_BIN/kwok" --kubeconfig="$KUBECONFIG" "${stages[@]}" \
     --manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
@@ -343,7 +347,7 @@ if ((CLUSTER_TIER)); then
 import json
 import sys
 
-sys.path.insert(0, "tests/support")
+sys.path.insert(0, "hack/lib")
 from localcluster import fake_gpu_node
 
 nodes = [fake_gpu_node(f"pdmtp-gpu-{i}") for i in range(4)]
@@ -352,6 +356,11 @@ PY
   # create, not apply: a Node keeps the status it is created with (capacity, GPUs).
   "$KUBECTL" create -f "$WORK/nodes.json"
   "$KUBECTL" wait --for=condition=Ready node -l type=kwok --timeout=120s
+  # One pod alone first, so KWOK's first pods never share an IP (localcluster.ip_pool_primer).
+  "$PY" -c 'import json, sys; sys.path.insert(0, "hack/lib"); from localcluster import ip_pool_primer; print(json.dumps(ip_pool_primer("pdmtp-gpu-0")))' |
+    "$KUBECTL" create -f -
+  "$KUBECTL" -n default wait --for=jsonpath='{.status.phase}'=Running pod/pdmtp-kwok-ip-primer --timeout=60s
+  "$KUBECTL" -n default delete pod pdmtp-kwok-ip-primer --wait --timeout=60s
   # What this run must prove beyond `make test-cluster` (the same suite, against the same
   # Kubernetes version built locally): that a kubeadm-built distribution changes nothing the
   # operator relies on at the API: CRD admission with its defaults, install and RBAC under the
@@ -390,12 +399,16 @@ export PDMTP_E2E_EMULATOR_IMAGE=$EMULATOR_IMAGE PDMTP_E2E_ROUTER_IMAGE=$ROUTER_I
 export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_IMAGE=$CHECKPOINT_IMAGE
 export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL PDMTP_E2E_ENGINE_NODE_LABEL=$ENGINE_NODE_LABEL
 export PDMTP_E2E_RESULT=${PDMTP_E2E_RESULT:-$WORK/rollout.json}
+# tests/e2e/test_operator_failover.py freezes an operator container through its node's runtime.
+export PDMTP_E2E_NODE_RUNTIME=$RUNTIME
 # tests/e2e/test_upgrade.py: the previous release (tree, image) to upgrade from, helm, and the
 # overlay install_pdmtp applies (the upgrade applies it, and the test leaves it installed).
 export PDMTP_E2E_PREVIOUS_RELEASE=$PREVIOUS_RELEASE PDMTP_E2E_PREVIOUS_TREE=$PREV_TREE
 export PDMTP_E2E_PREVIOUS_OPERATOR_IMAGE=$PREV_OPERATOR_IMAGE PDMTP_HELM=$HELM
 export PDMTP_E2E_INSTALL_OVERLAY=$overlay
 export PDMTP_E2E_UPGRADE_RESULT=${PDMTP_E2E_UPGRADE_RESULT:-$WORK/upgrade.json}
+# tests/e2e/test_alerts.py runs this prometheus on the host against the chart's rules.
+export PDMTP_PROMETHEUS_DIR=$PROMETHEUS_DIR
 export -p | grep -E ' (KUBECONFIG|PDMTP_[A-Z0-9_]+)=' >"$WORK/e2e.env"
 wait_engine_image() {
   step "Wait for the engine image to be loaded"

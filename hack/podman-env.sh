@@ -10,7 +10,7 @@
 # - default_ulimits = []: podman's default nofile/nproc ulimits fail with "setrlimit ...
 #   operation not permitted" where CAP_SYS_RESOURCE is missing.
 # - mmdebstrap: no registry is reachable, so base images are built from Debian packages
-#   (tests/support/build_images.py).
+#   (hack/lib/build_images.py).
 # The file lives in the cache, never in /etc: the machine's own podman setup stays untouched.
 # Idempotent: a second run only re-exports the variables. Progress goes to stderr.
 

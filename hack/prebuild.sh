@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Warm the build caches while `make test` runs its first tiers (hack/with-prebuild.sh starts this
-# in the background): the Go builds (control plane, helm, KEDA, kind, kube-network-policies) and
-# the images (the local bases, operator, router, engine; the kind node image). Every build here is
-# one the tiers run themselves when they need it; each holds a lock (hack/lock.sh,
-# build_images.py), so a tier that gets there first waits for this build rather than doing it
-# twice. On a warm machine each is a lookup (seconds). Best effort: a failure is logged and the
-# tier that needs the build runs it again, in the foreground, where its failure counts.
+# in the background): the Go builds (control plane, helm, prometheus, KEDA, kind,
+# kube-network-policies) and the images (the local bases, operator, router, engine; the kind
+# node image). Every build here is one the tiers run themselves when they need it; each holds a
+# lock (hack/lock.sh, build_images.py), so a tier that gets there first waits for this build
+# rather than doing it twice. On a warm machine each is a lookup (seconds). Best effort: a
+# failure is logged and the tier that needs the build runs it again, in the foreground, where its
+# failure counts.
 #
 # Niced: the builds take the CPU the tiers leave idle (the cluster tier and kind wait on pods much
 # of the time). The I/O class is idle too, but the mq-deadline scheduler ignores it: the image
@@ -30,7 +31,8 @@ build() { # name command...
 
 build cluster-bins hack/build-cluster-bins.sh
 build helm hack/helm/build.sh
-build images python3 tests/support/build_images.py build base-python operator router engine
+build prometheus hack/prometheus/build.sh
+build images python3 hack/lib/build_images.py build base-python operator router engine
 build kind-bins hack/kind/build-bins.sh
 build network-policies hack/kind/build-network-policies.sh
 build kind-node-image hack/kind/build-node-image.sh

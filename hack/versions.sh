@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034 # sets the pins for its caller
 # Sourced by the scripts in hack/: sets each pin of versions.env (the repository's one pins file)
 # as a shell variable, e.g. K8S_VERSION. PDMTP_<KEY> in the environment overrides <KEY>. The
-# rules are those of tests/support/versions.py, which reads the file for the Python code.
+# rules are those of hack/lib/versions.py, which reads the file for the Python code.
 
 versions_file="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/versions.env"
 

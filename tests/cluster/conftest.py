@@ -1,7 +1,7 @@
 """Cluster tier: a real Kubernetes API, one per session.
 
 PDMTP_CLUSTER selects the backend:
-  local    (default) start tests/support/localcluster.py in a temp dir: etcd, kube-apiserver,
+  local    (default) start hack/lib/localcluster.py in a temp dir: etcd, kube-apiserver,
            kube-controller-manager, kube-scheduler and KWOK fake GPU nodes, all on 127.0.0.1
   existing whatever $KUBECONFIG points at, else .cluster/kubeconfig (`make cluster-up`)
   kind     a kind cluster's $KUBECONFIG; KWOK with hack/kwok/ stages and fake GPU nodes must be

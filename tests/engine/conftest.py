@@ -21,12 +21,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_PACKAGE_DIR = REPO_ROOT / "images" / "engine"
 OPERATOR_PACKAGE_DIR = REPO_ROOT / "operator"
 TESTS_DIR = Path(__file__).resolve().parent
-SUPPORT_DIR = REPO_ROOT / "tests" / "support"
+TOOLS_DIR = REPO_ROOT / "hack" / "lib"
 
 # The tests import pdmtp_engine and the operator's pure pdmtp.core from the work tree, and
 # subprocesses (the launcher, vLLM's connector loading) must find them too; the pins come from
-# tests/support/versions.py.
-for path in (ENGINE_PACKAGE_DIR, OPERATOR_PACKAGE_DIR, TESTS_DIR, SUPPORT_DIR):
+# hack/lib/versions.py.
+for path in (ENGINE_PACKAGE_DIR, OPERATOR_PACKAGE_DIR, TESTS_DIR, TOOLS_DIR):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 os.environ["PYTHONPATH"] = os.pathsep.join(

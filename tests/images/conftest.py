@@ -5,7 +5,7 @@ environment the operator renders, non-root, capabilities dropped) with no networ
 host's loopback where it must reach a server the test started there.
 
 An image must be present and current (its io.pdmtp.inputs label equal to the hash of today's
-Dockerfile and sources, see tests/support/build_images.py), so the tier never passes on a stale
+Dockerfile and sources, see hack/lib/build_images.py), so the tier never passes on a stale
 build.
 Missing podman or images skip the tier, or fail it when PDMTP_REQUIRE_ALL=1 (as `make` runs it).
 """

@@ -3,7 +3,7 @@ reconciles against a real API server with its liveness and metrics endpoints ans
 
 It runs as deploy/operator/operator.yaml runs it: read-only root (podman's --read-only gives it a
 tmpfs /tmp, the manifest an emptyDir), no capabilities. The API server is the local control plane
-(tests/support/localcluster.py) on 127.0.0.1; the container shares the host's network namespace
+(hack/lib/localcluster.py) on 127.0.0.1; the container shares the host's network namespace
 and binds its endpoints to 127.0.0.1.
 """
 

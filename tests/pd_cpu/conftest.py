@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 TIER_DIR = Path(__file__).resolve().parent
-# The tier's own modules, and tests/support for the repository's one port picker (loopback.py).
-for _path in (TIER_DIR, TIER_DIR.parent / "support"):
+# The tier's own modules, and hack/lib for the repository's one port picker (loopback.py).
+for _path in (TIER_DIR, TIER_DIR.parents[1] / "hack" / "lib"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 

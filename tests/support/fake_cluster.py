@@ -52,6 +52,9 @@ class FakeCluster:
     """Simulation: terminating pods and the ticks they have left."""
     refusals: list[Rejection] = field(default_factory=list)
     """Simulation: every write the API server refused, in order."""
+    cordoned: frozenset[str] = frozenset()
+    """Nodes marked unschedulable (a drain begun): new pods never land there (each new pod gets
+    a node of its own)."""
 
     @property
     def simulating(self) -> bool:
@@ -76,6 +79,7 @@ class FakeCluster:
             list(self.pods.values()),
             others,
             workload_api=self.workload_api,
+            cordoned=self.cordoned,
         )
 
     def reconcile(self, now: float) -> Decision:

@@ -21,7 +21,7 @@ Stop undoes all of it, in an order that leaves the cluster as it was for the tes
 KEDA objects first (their finalizers need the operator), then the APIService (an APIService with
 no server behind it fails discovery for every client), then the processes, then the rest.
 
-Only for control planes whose aggregator runs on this host (tests/support/localcluster.py): the
+Only for control planes whose aggregator runs on this host (hack/lib/localcluster.py): the
 APIService points at this host's loopback. Not for kind, whose API server runs in a container.
 One harness per cluster: start refuses an external.metrics.k8s.io APIService it did not create.
 

@@ -76,6 +76,7 @@ def scripts() -> list[Path]:
     return [
         REPO / "Makefile",
         *sorted((REPO / "hack").rglob("*.sh")),
+        *sorted((REPO / "hack" / "lib").glob("*.py")),
         *sorted((REPO / "tests" / "support").glob("*.py")),
     ]
 

@@ -8,9 +8,9 @@ are split into two racks (label RACK_LABEL). The Workload API (scheduling.k8s.io
 PodGroup, gang and topology-aware scheduling) is switched on where the version has it: see
 workload_api().
 
-    python tests/support/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
-    python tests/support/localcluster.py status [--dir .cluster]
-    python tests/support/localcluster.py down [--dir .cluster] [--purge]
+    python hack/lib/localcluster.py up [--dir .cluster] [--nodes 4] [--foreground]
+    python hack/lib/localcluster.py status [--dir .cluster]
+    python hack/lib/localcluster.py down [--dir .cluster] [--purge]
 
 In-process use (the test fixtures) starts a guard process that stops the components as soon as
 the process that started them is gone, however it ended.
@@ -305,6 +305,63 @@ def fake_gpu_node(
     }
 
 
+IP_POOL_PRIMER = "pdmtp-kwok-ip-primer"
+
+
+def ip_pool_primer(node: str) -> dict[str, Any]:
+    """A pod bound to fake node `node` that only makes KWOK create its pod IP pool.
+
+    The pinned KWOK creates the pool for a CIDR the first time it hands out an address, as a load
+    then a separate store, and its stage workers run in parallel: the first pods of a fresh
+    KWOK, Ready at the same moment, can each draw from a pool of their own and share an IP (seen
+    in CI: a prefill and a decode pod both at 10.244.0.1, so the prefill pod looked listed by a
+    router that listed the decode one, and its removal waited forever). No real cluster hands
+    two live pods one address. One pod alone first makes the pool; every later pod shares it.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": IP_POOL_PRIMER,
+            "namespace": "default",
+            "annotations": {"pdmtp.io/fake-ready-delay-ms": "0"},
+        },
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "primer", "image": "registry.invalid/pdmtp/primer:0"}],
+        },
+    }
+
+
+AUDIT_POLICY = """\
+# Which client wrote what, when: the leader-election tests read it (tests/cluster/
+# test_leader_election.py) to prove a fenced operator's writes never landed. Metadata only, and
+# only writes to what the operator manages (not the fake kubelets' status updates, not Leases).
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+    resources:
+      - group: ""
+        resources: [pods, services, serviceaccounts, events]
+      - group: apps
+        resources: [deployments, deployments/scale, controllerrevisions]
+      - group: networking.k8s.io
+        resources: [networkpolicies]
+      - group: policy
+        resources: [poddisruptionbudgets]
+      - group: scheduling.k8s.io
+        resources: [podgroups]
+      - group: pdmtp.io
+        resources: [pddeployments/status, pdrolescales, pdrolescales/status]
+  - level: None
+"""
+
+
 @dataclass
 class LocalCluster:
     """One control plane rooted at ``state_dir`` (pki/, logs/, etcd/, kubeconfig, state.json)."""
@@ -338,6 +395,11 @@ class LocalCluster:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        """Every write to the kinds pdmtp manages, one JSON line each (`AUDIT_POLICY`)."""
+        return self.state_dir / "audit.log"
 
     @property
     def state_file(self) -> Path:
@@ -412,6 +474,7 @@ class LocalCluster:
         deadline = t0 + timeout
         self._reset_state_dir()
         make_pki(self.pki)
+        (self.state_dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self._ports = dict(zip(PORTS, free_ports(len(PORTS)), strict=True))
         self._save_state(version=K8S_VERSION, bin_dir=str(self.bin_dir), ports=self._ports, pids={})
         write_kubeconfig(self.kubeconfig, self.server, self.pki)
@@ -431,6 +494,8 @@ class LocalCluster:
             self._wait("default ServiceAccount", self._default_sa_exists, deadline)
             self._create_nodes()
             self._wait(f"{self.nodes} Ready untainted nodes", self._nodes_ready, deadline)
+            if self.nodes:  # no fake node, no fake pod IPs to hand out
+                self._prime_ip_pool(deadline)
             if self.die_with_parent:
                 self._start_guard()
         except BaseException:
@@ -641,6 +706,9 @@ class LocalCluster:
             # Logs/exec go to the node's InternalIP, which is 127.0.0.1 (KWOK's own server).
             "--kubelet-preferred-address-types=InternalIP",
             *self._workload_api_args(runtime_config=True),
+            f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-maxbackup=1",
             "--profiling=false",
             "--v=1",
         ]
@@ -730,6 +798,27 @@ class LocalCluster:
     def _create_nodes(self) -> None:
         for index, name in enumerate(self.node_names()):
             self.api("POST", "/api/v1/nodes", fake_gpu_node(name, rack_of(index, self.nodes)))
+
+    def _prime_ip_pool(self, deadline: float) -> None:
+        """One pod, alone, takes the first fake IP, then leaves (`ip_pool_primer`)."""
+        path = f"/api/v1/namespaces/default/pods/{IP_POOL_PRIMER}"
+        self.api("POST", "/api/v1/namespaces/default/pods", ip_pool_primer(self.node_names()[0]))
+        self._wait(
+            "KWOK's first pod IP",
+            lambda: bool(self._pod(path).get("status", {}).get("podIP")),
+            deadline,
+        )
+        self.api("DELETE", path)
+        self._wait("KWOK's IP primer pod gone", lambda: not self._pod(path), deadline)
+
+    def _pod(self, path: str) -> dict[str, Any]:
+        try:
+            found: dict[str, Any] = self.api("GET", path, timeout=5)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return {}
+            raise
+        return found
 
     def _nodes_ready(self) -> bool:
         nodes = self.api("GET", "/api/v1/nodes", timeout=5)["items"]

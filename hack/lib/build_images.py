@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Build the operator, router and engine images with podman, on locally made bases.
 
-    tests/support/build_images.py build [KEY ...]   build what is missing or stale (default: all)
-    tests/support/build_images.py names             KEY=IMAGE lines: the names other scripts use
-    tests/support/build_images.py report            size, image ID and digest of each, as JSON
-    tests/support/build_images.py build-tree DIR --revision REV
+    hack/lib/build_images.py build [KEY ...]   build what is missing or stale (default: all)
+    hack/lib/build_images.py names             KEY=IMAGE lines: the names other scripts use
+    hack/lib/build_images.py report            size, image ID and digest of each, as JSON
+    hack/lib/build_images.py build-tree DIR --revision REV
                         the operator image of another source tree (a release's `git archive`),
                         built as the current one; named localhost/pdmtp-operator:<DIR's
                         version>-<REV>, so it never takes the current tag; prints the name
