@@ -1,16 +1,13 @@
-"""The shell: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
+"""The controller: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
 
-Reflectors (`pdmtp.cache`) watch the PDDeployments and every child kind pdmtp manages into
-in-memory stores. Every event only puts the owning PDDeployment's key on a work queue. Workers
-take one key at a time (a key is never worked on twice at once), read its children from the
-store (no API request), call `pdmtp.core.reconcile.decide`, apply the actions (stopping at the
+Reflectors (`pdmtp.cache`) watch the PDDeployments, every child kind pdmtp manages and the Nodes
+into in-memory stores. Every event only puts the owning PDDeployment's key on the work queue
+(`pdmtp.workqueue`). Workers take one key at a time, read its children from the store (no API
+request), call `pdmtp.core.reconcile.decide`, apply the actions (the executor: stopping at the
 first refusal), write the status once if it changed, with the refused writes in it, and post the
-events of what was accepted after that write. A periodic resync re-queues every key. kopf runs
-the process (login, start-up and clean-up, the admission webhook) but watches nothing for it:
-its resources are resolved from API discovery once and on CRD events, which can miss a CRD
-created just after it starts, whereas a reflector keeps listing until the API server serves the
-PDDeployments. Nothing is kept on the objects (no finalizer, no bookkeeping annotations), and a
-restart rebuilds everything from the initial listings.
+events of what was accepted after that write. A periodic resync re-queues every key. Nothing is
+kept on the objects (no finalizer, no bookkeeping annotations), and a restart rebuilds
+everything from the initial listings. `pdmtp.manager` runs it.
 """
 
 from __future__ import annotations
@@ -18,45 +15,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import platform
 import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from typing import Any
 
-import kopf
-from kopf._cogs.structs.references import Insights
-
-from pdmtp import __version__
 from pdmtp.api import vocabulary as v
-from pdmtp.api.kinds import DEPLOYMENT, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
+from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
-from pdmtp.core.actions import (
-    Action,
-    Annotate,
-    Apply,
-    Delete,
-    Event,
-    Rejection,
-    Scale,
-    SetStatus,
-)
+from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale, SetStatus
+from pdmtp.core.observe import cordoned_nodes
 from pdmtp.core.reconcile import Observed, decide
-from pdmtp.core.validation import validate
+from pdmtp.election import Elector
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
-from pdmtp.health import serve as serve_health
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
 from pdmtp.scrape import HttpSource, MetricsSource, Scraper
-from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
+from pdmtp.workqueue import Key, WorkQueue
 
 log = logging.getLogger("pdmtp")
-
-KOPF_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30, 30, 30, 30)
-
-Key = tuple[str, str]  # (namespace, name)
 
 
 @dataclass(frozen=True)
@@ -95,41 +73,6 @@ class WritesRefused(Exception):
     """Some of a reconcile's writes were refused; the key is retried with backoff."""
 
 
-class WorkQueue:
-    """Deduplicating queue: a key waits at most once, and is never handed to two workers."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._waiting: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-
-    def add(self, key: Key) -> None:
-        if key in self._active:
-            self._dirty.add(key)  # re-run once the current pass ends
-        elif key not in self._waiting:
-            self._waiting.add(key)
-            self._queue.put_nowait(key)
-
-    def add_after(self, key: Key, delay: float) -> None:
-        asyncio.get_running_loop().call_later(delay, self.add, key)
-
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._waiting.discard(key)
-        self._active.add(key)
-        return key
-
-    def done(self, key: Key) -> None:
-        self._active.discard(key)
-        if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
-
-    def __len__(self) -> int:
-        return len(self._waiting)
-
-
 @dataclass
 class Controller:
     kube: Kube
@@ -156,6 +99,12 @@ class Controller:
     """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`), None when it
     serves none: discovered at start, and while it is None at every resync that finds a
     multi-node spec waiting for it (so an idle resync makes no request)."""
+    elector: Elector | None = None
+    """Leader election (None: run without, always leading). A standby keeps its caches warm
+    and reconciles nothing until it leads."""
+    nodes: Table = field(default_factory=Table)
+    """Every Node, from its reflector: for the cordons a drain begins with."""
+    cordoned: frozenset[str] = frozenset()
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -169,6 +118,16 @@ class Controller:
     def on_child_change(self, key: Key) -> None:
         if self.pdds.get(key) is not None:
             self.queue.add(key)
+
+    def on_node_change(self) -> None:
+        """A cordon set or lifted: every PDDeployment looks again (its pods may sit there)."""
+        nodes = (self.nodes.get(k) for k in self.nodes.snapshot())
+        cordoned = cordoned_nodes(n for n in nodes if n is not None)
+        if cordoned != self.cordoned:
+            log.info("Cordoned nodes: %s", ", ".join(sorted(cordoned)) or "none")
+            self.cordoned = cordoned
+            for key in self.pdds.snapshot():
+                self.queue.add(key)
 
     # ---- work side ------------------------------------------------------------------------
 
@@ -196,6 +155,14 @@ class Controller:
             )
             self.pdd_reflectors.append(reflector)
         await asyncio.to_thread(self.discover_workload_api)
+
+        def on_node(_: Key) -> None:
+            loop.call_soon_threadsafe(self.on_node_change)
+
+        # Listed before the first reconcile, as the children are (`_await_sync`).
+        self.reflectors.append(
+            Reflector(self.kube.api, NODE, None, self.nodes, on_node, count, selector=None)
+        )
         for kind in WATCHED:
             for namespace in scopes:
                 self.reflectors.append(
@@ -235,9 +202,19 @@ class Controller:
         served = self.kube.versions.get(kind.kind)
         return kind if served is None else dataclasses.replace(kind, version=served)
 
+    def leads(self) -> bool:
+        """Whether this process leads now (always, without election)."""
+        return self.elector is None or self.elector.leads
+
+    async def _leading(self) -> None:
+        """Return once this process leads (at once without election)."""
+        if self.elector is not None:
+            await self.elector.leading.wait()
+
     async def _scrape(self) -> None:
         assert self.scraper is not None
         await self.synced.wait()
+        await self._leading()  # a standby sends no request to the engines
         await self.scraper.run()
 
     async def _await_sync(self) -> None:
@@ -265,9 +242,15 @@ class Controller:
             watches,
             children_synced=self.synced.is_set(),
             workers_alive=not any(t.done() for t in workers),  # none yet: starting
-            webhook_resolved=None if self.webhook_resolved is None else self.webhook_resolved(),
+            # A standby serves no webhook yet (kopf's start waits for the Lease).
+            webhook_resolved=(
+                None
+                if self.webhook_resolved is None or not self.leads()
+                else self.webhook_resolved()
+            ),
             uptime=now - self.started_at,
             grace=self.options.grace_seconds,
+            leader=None if self.elector is None else self.elector.status(),
         )
 
     async def stop(self) -> None:
@@ -289,6 +272,7 @@ class Controller:
 
     async def _worker(self) -> None:
         await self.synced.wait()
+        await self._leading()
         while True:
             key = await self.queue.get()
             try:
@@ -324,6 +308,7 @@ class Controller:
             others,
             metrics,
             self.workload_api,
+            self.cordoned,
         )
 
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
@@ -336,11 +321,22 @@ class Controller:
         applied = await asyncio.to_thread(self._apply, namespace, decision.actions)
         refused = applied.refused
         report = decision.report(refused, applied.unapplied)
+        stale_status = False
         if report.status_changed:
             old = body.get("status") or {}
-            written = await asyncio.to_thread(
-                self.kube.patch_status, namespace, name, report.status, old
-            )
+            # Over the version observed: a status decided on a stale view (or one a newer
+            # leader has written over) is refused rather than laid on top.
+            version = (body.get("metadata") or {}).get("resourceVersion")
+            try:
+                written = await asyncio.to_thread(
+                    self.kube.patch_status, namespace, name, report.status, old, v.KIND, version
+                )
+            except ApiError as e:
+                if e.status != 409 or version is None:
+                    raise
+                log.info("%s/%s changed since it was observed; status re-planned", *key)
+                self.metrics.stale_writes.inc()
+                written, stale_status = None, True
             if written is not None:  # the server's copy, before the watch brings it
                 self.pdds.put(PDDEPLOYMENT.kind, written)
         for event in report.events:
@@ -353,7 +349,7 @@ class Controller:
         if refused:
             self.metrics.refused.labels(namespace, name).inc(len(refused))
             raise WritesRefused("; ".join(f"{r.key}: {r.message}" for r in refused))
-        if applied.stale:  # the watch is about to bring what changed: look again soon
+        if applied.stale or stale_status:  # the watch is about to bring what changed
             return STALE_REQUEUE_SECONDS
         return decision.requeue_after
 
@@ -415,144 +411,3 @@ class Controller:
             self.kube.event(body, event.type, event.reason, event.message)
         except ApiError as e:  # events are best effort
             log.info("Could not post event %s: %s", event.reason, e)
-
-
-def connection_info(cfg: Any) -> kopf.ConnectionInfo:
-    """kopf credentials from a kubernetes-client Configuration."""
-    token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-    scheme = None
-    if token:
-        scheme, _, token = token.partition(" ") if " " in token else ("Bearer", "", token)
-    return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
-        scheme=scheme,
-        token=token or None,
-    )
-
-
-def build_registry(
-    controller: Controller, webhook: WebhookOptions | None = None
-) -> kopf.OperatorRegistry:
-    """kopf handlers of the operator, in a registry of their own (no module-level state)."""
-    registry = kopf.OperatorRegistry()
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        # kopf talks to the API with the same identity as the reconciler (--kubeconfig or
-        # in-cluster), not with whatever its own discovery would find.
-        return connection_info(controller.kube.api.configuration)
-
-    @kopf.on.startup(registry=registry)
-    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        prefix = v.ANNOTATION_KOPF_PREFIX
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=prefix)
-        settings.posting.enabled = False  # our own events only, not every log line
-        settings.peering.standalone = True
-        settings.watching.server_timeout = 300
-        settings.networking.request_timeout = 60
-        # kopf's own requests (discovery, its CRD and namespace watches) retry for ~4 minutes
-        # before giving up, and with them the process: an API server restart is shorter.
-        settings.networking.error_backoffs = KOPF_BACKOFFS
-        if webhook is not None:
-            settings.admission.server = server(webhook)
-            if webhook.manage:
-                settings.admission.managed = MANAGED_CONFIGURATION
-        await controller.start()
-
-    @kopf.on.cleanup(registry=registry)
-    async def stop(**_: Any) -> None:
-        await controller.stop()
-
-    if webhook is not None:
-        from pdmtp import admission  # the webhook's dry runs; only when it is served
-
-        # failurePolicy Ignore: an operator that is down must not block every apply; the CRD's
-        # CEL rules and the operator's own check remain.
-        @kopf.on.validate(
-            v.GROUP,
-            v.VERSION,
-            v.PLURAL,
-            id="agreement",
-            ignore_failures=True,
-            operations=["CREATE", "UPDATE"],
-            registry=registry,
-        )
-        def admit(body: kopf.Body, namespace: str | None = None, **_: Any) -> None:
-            # The offline verdict, then the rendered children dry-run on the API server: a spec
-            # whose Deployments would be refused is refused here, in the server's words.
-            ns = body.get("metadata", {}).get("namespace") or namespace or "default"
-            try:
-                problems = admission.review(controller.kube.api, body, ns)
-            except Exception as e:  # the dry run itself failed (an API error, a timeout)
-                log.warning("Dry run of the children failed, admitting on the offline check: %s", e)
-                problems = list(validate(body).problems)
-            if problems:
-                raise kopf.AdmissionError("; ".join(p.line() for p in problems), code=422)
-
-    return registry
-
-
-def webhook_resolution(insights: Insights) -> Callable[[], bool]:
-    """Whether kopf's discovery has found the PDDeployments its webhook admits (without them
-    it answers every review with an error, which failurePolicy Ignore lets through)."""
-
-    def resolved() -> bool:
-        return any(r.group == v.GROUP and r.plural == v.PLURAL for r in insights.webhook_resources)
-
-    return resolved
-
-
-async def _serve(
-    controller: Controller,
-    registry: kopf.OperatorRegistry,
-    health: tuple[str, int] | None,
-    webhook: WebhookOptions | None,
-) -> None:
-    options = controller.options
-    # kopf takes an Insights of ours so its discovery state can be read (kopf.operator's own
-    # parameter; the class is not exported at the top level).
-    insights = Insights()
-    if webhook is not None:
-        controller.webhook_resolved = webhook_resolution(insights)
-    runner = None if health is None else await serve_health(controller.health, *health)
-    try:
-        await kopf.operator(
-            registry=registry,
-            insights=insights,
-            namespaces=list(options.namespaces),
-            clusterwide=not options.namespaces,
-            standalone=True,
-        )
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-
-
-def run(
-    kube: Kube,
-    options: Options,
-    metrics: Metrics,
-    health: tuple[str, int] | None = None,
-    webhook: WebhookOptions | None = None,
-    source: MetricsSource | None = None,
-) -> None:
-    """Run the operator until interrupted; `health` is where /healthz and /readyz listen,
-    `source` where the autoscaler reads the engines' metrics (their pods, by default)."""
-    controller = Controller(kube, options, metrics, source=source or HttpSource())
-    registry = build_registry(controller, webhook)
-    kopf.configure(verbose=False, debug=log.isEnabledFor(logging.DEBUG))
-    # The first line of every operator log: which build is running, and what it watches.
-    scope = ", ".join(options.namespaces) or "all namespaces"
-    log.info(
-        "pdmtp %s starting (kopf %s, Python %s), watching %s",
-        __version__,
-        version("kopf"),
-        platform.python_version(),
-        scope,
-    )
-    asyncio.run(_serve(controller, registry, health, webhook))

@@ -11,7 +11,7 @@ stuck process restarted rather than left running idle.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from aiohttp import web
@@ -37,6 +37,8 @@ class Health:
     ready: bool
     problems: tuple[str, ...] = ()
     watches: tuple[Watch, ...] = field(default=())
+    leader: Mapping[str, object] | None = None
+    """Leader election as this process sees it (None: run without election)."""
 
     def body(self) -> str:
         return json.dumps(
@@ -45,6 +47,7 @@ class Health:
                 "ready": self.ready,
                 "problems": list(self.problems),
                 "watches": [asdict(w) for w in self.watches],
+                **({} if self.leader is None else {"leader": dict(self.leader)}),
             }
         )
 
@@ -56,9 +59,12 @@ def assess(
     webhook_resolved: bool | None,
     uptime: float,
     grace: float = GRACE_SECONDS,
+    leader: Mapping[str, object] | None = None,
 ) -> Health:
     """`watches`: the PDDeployment reflectors; `webhook_resolved` None when there is no
-    webhook; `uptime`: seconds since the operator started."""
+    webhook; `uptime`: seconds since the operator started. A standby is as ready as a leader
+    (it takes over from warm caches; an operator Deployment rolling its pods must see the new
+    one ready); `leader` only reports who leads."""
     problems: list[str] = []
     dead = False
     for w in watches:
@@ -76,7 +82,11 @@ def assess(
         problems.append("a reconcile worker stopped")
         dead = True
     return Health(
-        live=not dead, ready=not problems, problems=tuple(problems), watches=tuple(watches)
+        live=not dead,
+        ready=not problems,
+        problems=tuple(problems),
+        watches=tuple(watches),
+        leader=leader,
     )
 
 

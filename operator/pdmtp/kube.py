@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.kinds import BY_KIND, EVENT
+from pdmtp.api.kinds import BY_KIND, EVENT, LEASE
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +105,20 @@ def _text(raw: Any) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw or "")
 
 
+def replacing_merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch (RFC 7386) that turns `old` into `new`: a merge patch merges nested
+    objects key by key, so a key `new` dropped, at any depth, must be sent as null (or the API
+    server keeps it, e.g. a stale status.rollout.canaryTrafficPercent). Lists replace whole."""
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = replacing_merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
+
+
 class Kube:
     """Synchronous calls (the controller runs them in a worker thread)."""
 
@@ -114,8 +128,12 @@ class Kube:
         attempts: int = 5,
         base_delay: float = 0.2,
         on_request: Callable[[str], None] | None = None,
+        fence: Callable[[str], None] | None = None,
     ) -> None:
         self.api = api
+        self.fence = fence
+        """Asked right before every write is sent (each retry too); raises to stop it. Leader
+        election's fence (`pdmtp.election`): a process that lost its Lease writes nothing."""
         self.attempts = attempts
         self.base_delay = base_delay
         self.on_request = on_request
@@ -152,11 +170,15 @@ class Kube:
         content_type: str = "application/json",
         verb: str | None = None,
         conditional: bool = False,
+        fenced: bool = True,
     ) -> dict[str, Any]:
         """`conditional`: the body names the resourceVersion it was decided on, so a 409 means
-        the view was stale; it is raised, not retried."""
+        the view was stale; it is raised, not retried. `fenced`: a write that the fence may
+        stop (all but the Lease's own)."""
 
         def once() -> dict[str, Any]:
+            if fenced and method != "GET" and self.fence is not None:
+                self.fence(f"{method} {resource_path}")
             if self.on_request is not None:
                 self.on_request(verb or method)
             response = send(
@@ -209,6 +231,26 @@ class Kube:
         return self._request(
             "PATCH", self._path(kind, namespace, name), body=body, content_type=content_type
         )
+
+    # ---- the leader Lease (never fenced: it is how the fence opens) -------------------------
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._request("GET", LEASE.path(namespace, name))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def write_lease(self, body: Mapping[str, Any], create: bool) -> dict[str, Any]:
+        """Create the Lease, or replace it over the resourceVersion its body names (409 when
+        another candidate wrote first)."""
+        meta = body["metadata"]
+        if create:
+            target, method = LEASE.path(meta["namespace"]), "POST"
+        else:
+            target, method = LEASE.path(meta["namespace"], meta["name"]), "PUT"
+        return self._request(method, target, body=body, conditional=True, fenced=False)
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -295,17 +337,23 @@ class Kube:
         new: Mapping[str, Any],
         old: Mapping[str, Any],
         kind: str = v.KIND,
+        resource_version: str | None = None,
     ) -> dict[str, Any] | None:
-        """Replace .status with `new` (a merge patch that also clears fields `new` dropped);
-        the object written, or None when it is gone."""
-        patch: dict[str, Any] = {k: None for k in old if k not in new}
-        patch.update(new)
+        """Replace .status with `new` (a merge patch that also clears fields `new` dropped, at
+        any depth);
+        the object written, or None when it is gone. With `resource_version`, only over that
+        version of the object (409 otherwise: the status was decided on a stale view, or
+        another writer, such as a newer leader, wrote since)."""
+        body: dict[str, Any] = {"status": replacing_merge_patch(old, new)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             return self._request(
                 "PATCH",
                 self._path(kind, namespace, name, "status"),
-                body={"status": patch},
+                body=body,
                 content_type="application/merge-patch+json",
+                conditional=resource_version is not None,
             )
         except ApiError as e:
             if e.status != 404:  # deleted meanwhile: nothing to report on

@@ -1,5 +1,8 @@
 """Prometheus metrics of the operator: reconciles, their durations, validation failures by
-reason, and rollout progress per PDDeployment."""
+reason, rollout progress, conditions and rollbacks per PDDeployment.
+
+The chart's alert rules and dashboard (charts/pdmtp/files/) query these names; a unit test holds
+every name they use to this registry (or to the engines' exposition)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ if TYPE_CHECKING:
     from pdmtp.core.reconcile import Decision, Report
 
 LABELS = ("namespace", "name")
+CONDITION_LABELS = (*LABELS, "type", "status", "reason")
+COVERAGE_LABELS = (*LABELS, "role", "signal", "coverage")
+DIRECTIONS = ("up", "down")
+"""The autoscaler's decisions, by the way they moved a role's desired count."""
 
 
 class Metrics:
@@ -33,6 +40,19 @@ class Metrics:
             registry=self.registry,
         )
         self.build_info.labels(__version__).set(1)
+        self.leader = Gauge(
+            "pdmtp_leader",
+            "1 while this operator process holds the leader Lease and reconciles; 0 while it"
+            " stands by (always 1 when run without leader election).",
+            ("identity",),
+            registry=self.registry,
+        )
+        self.fenced_writes = Counter(
+            "pdmtp_fenced_writes_total",
+            "Writes not sent because this process does not hold the leader Lease (a standby,"
+            " or a leader whose last renewal is older than the renew deadline).",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "pdmtp_reconcile_total", "Reconciles run.", LABELS, registry=self.registry
         )
@@ -80,8 +100,8 @@ class Metrics:
         )
         self.stale_writes = Counter(
             "pdmtp_stale_writes_total",
-            "Conditional replica writes refused because the object changed since it was observed"
-            " (the step stops and is planned again).",
+            "Conditional writes (replicas, applies over a version, status) refused because the"
+            " object changed since it was observed (the step stops and is planned again).",
             registry=self.registry,
         )
         self.writes = Counter(
@@ -120,6 +140,27 @@ class Metrics:
             (*LABELS, "role"),
             registry=self.registry,
         )
+        self.desired = Gauge(
+            "pdmtp_desired_pods",
+            "Desired pods by role: spec.<role>.replicas or the autoscaler's count (status.roles).",
+            (*LABELS, "role"),
+            registry=self.registry,
+        )
+        # kube-state-metrics' style: one series per current condition, valued 1, so an alert can
+        # select on the reason; a condition's previous reason is removed, not left at 0.
+        self.condition = Gauge(
+            "pdmtp_condition",
+            "1 for each condition a PDDeployment's status holds, with its status and reason.",
+            CONDITION_LABELS,
+            registry=self.registry,
+        )
+        self.rollbacks = Counter(
+            "pdmtp_rollbacks_total",
+            f"Rollbacks started (the {reasons.ROLLBACK_STARTED} event): a new revision failed"
+            " and the old one is scaled back.",
+            LABELS,
+            registry=self.registry,
+        )
 
         self.autoscaler_desired = Gauge(
             "pdmtp_autoscaler_desired_replicas",
@@ -140,12 +181,22 @@ class Metrics:
             (*LABELS, "role", "signal"),
             registry=self.registry,
         )
+        self.autoscaler_coverage = Gauge(
+            "pdmtp_autoscaler_signal_coverage",
+            "1 for each signal's coverage at the last evaluation: full, partial (some Ready pods"
+            " did not report), missing (none did) or quiet (nothing to measure).",
+            COVERAGE_LABELS,
+            registry=self.registry,
+        )
         self.autoscaler_decisions = Counter(
             "pdmtp_autoscaler_decisions_total",
             "Decisions that changed a role's desired count, by direction (up or down).",
             (*LABELS, "role", "direction"),
             registry=self.registry,
         )
+        self._current: dict[tuple[str, str], dict[Gauge, set[tuple[str, ...]]]] = {}
+        """Per PDDeployment, the label values of the one-per-state series set last time (the
+        conditions, the signals' coverage): what the next observation removes if it is gone."""
 
     def serve(self, port: int, address: str) -> None:
         start_http_server(port, addr=address, registry=self.registry)
@@ -161,6 +212,10 @@ class Metrics:
     ) -> None:
         """`unapplied`: the keys of the actions refused or never sent."""
         self.reconciles.labels(namespace, name).inc()
+        # Counters exist at 0 from the first reconcile, so the first error, refusal or rollback
+        # is an increase a rate() sees.
+        for counter in (self.reconcile_errors, self.refused, self.rollbacks):
+            counter.labels(namespace, name)
         self.duration.observe(seconds)
         for action in decision.actions:
             if action.key not in unapplied:
@@ -177,32 +232,75 @@ class Metrics:
         self.progress.labels(namespace, name).set(min(1.0, updated / desired) if desired else 0)
         for role, counts in roles.items():
             self.ready.labels(namespace, name, role).set(counts.get("readyReplicas", 0))
+            self.desired.labels(namespace, name, role).set(counts.get("desiredReplicas", 0))
+        conditions: set[tuple[str, ...]] = {
+            (namespace, name, c["type"], c["status"], c.get("reason", ""))
+            for c in report.status.get("conditions", [])
+        }
+        self._set_current(namespace, name, self.condition, conditions)
+        for event in report.events:
+            if event.reason == reasons.ROLLBACK_STARTED:
+                self.rollbacks.labels(namespace, name).inc()
         self._autoscaling(namespace, name, report)
+
+    def _set_current(
+        self, namespace: str, name: str, gauge: Gauge, current: set[tuple[str, ...]]
+    ) -> None:
+        """Set `current` series of `gauge` to 1 and remove those of the last call not in it."""
+        last = self._current.setdefault((namespace, name), {})
+        for gone in last.get(gauge, set()) - current:
+            gauge.remove(*gone)
+        for labels in current:
+            gauge.labels(*labels).set(1)
+        last[gauge] = current
 
     def _autoscaling(self, namespace: str, name: str, report: Report) -> None:
         scaling = report.status.get("autoscaling") or {}
+        coverage: set[tuple[str, ...]] = set()
         for role in scaling.get("roles", []):
             labels = (namespace, name, role["name"])
+            for direction in DIRECTIONS:  # at 0 from the first evaluation: rate() sees the first
+                self.autoscaler_decisions.labels(*labels, direction)
             self.autoscaler_desired.labels(*labels).set(role["desiredReplicas"])
             if role.get("recommendation") is not None:
                 self.autoscaler_recommended.labels(*labels).set(role["recommendation"])
             for signal in role.get("signals", []):
                 gauge = self.autoscaler_signal.labels(*labels, signal["signal"])
                 gauge.set(signal["value"] if signal.get("value") is not None else float("nan"))
+                coverage.add((*labels, signal["signal"], signal["coverage"]))
+        self._set_current(namespace, name, self.autoscaler_coverage, coverage)
         for event in report.events:
             if event.reason in (reasons.AUTOSCALED_UP, reasons.AUTOSCALED_DOWN):
                 role = event.message.split(" ", 1)[0]
-                direction = "up" if event.reason == reasons.AUTOSCALED_UP else "down"
+                direction = (
+                    DIRECTIONS[0] if event.reason == reasons.AUTOSCALED_UP else DIRECTIONS[1]
+                )
                 self.autoscaler_decisions.labels(namespace, name, role, direction).inc()
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted PDDeployment's series."""
-        for gauge in (self.compatible, self.revisions, self.progress):
+        for metric in (
+            self.compatible,
+            self.revisions,
+            self.progress,
+            self.reconcile_errors,
+            self.refused,
+            self.rollbacks,
+        ):
             with contextlib.suppress(KeyError):
-                gauge.remove(namespace, name)
-        for role in ("prefill", "decode", "router"):
-            with contextlib.suppress(KeyError):
-                self.ready.remove(namespace, name, role)
-            for gauge in (self.autoscaler_desired, self.autoscaler_recommended):
+                metric.remove(namespace, name)
+        for role in v.ROLES:
+            for gauge in (
+                self.ready,
+                self.desired,
+                self.autoscaler_desired,
+                self.autoscaler_recommended,
+            ):
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, name, role)
+            for direction in DIRECTIONS:
+                with contextlib.suppress(KeyError):
+                    self.autoscaler_decisions.remove(namespace, name, role, direction)
+        for gauge, series in self._current.pop((namespace, name), {}).items():
+            for labels in series:
+                gauge.remove(*labels)

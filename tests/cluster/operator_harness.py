@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import heapq
+import itertools
 import json
 import os
 import signal
@@ -228,6 +230,20 @@ def delete_webhook_configuration(api: client.ApiClient) -> None:
             raise
 
 
+def refused_at_admission(api: client.ApiClient, namespace: str) -> str | None:
+    """Create an incompatible PDDeployment (MTP k differs, mtpModules undeclared): the API
+    server's refusal when the webhook answered, else None (the object admitted is deleted
+    again: the configuration was not read yet, or no webhook served it)."""
+    try:
+        create_pdd(api, namespace, PDDBuilder("bad").mtp(3).prefill(k=2).dict())
+    except ApiException as e:
+        return str(e.body)
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        *CUSTOM, namespace, v.PLURAL, "bad"
+    )
+    return None
+
+
 def get_pdd(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     obj: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
         *CUSTOM, namespace, v.PLURAL, name
@@ -276,13 +292,26 @@ def settled(obj: dict[str, Any]) -> bool:
 def wait_settled(
     api: client.ApiClient, namespace: str, name: str, timeout: float = 120
 ) -> dict[str, Any]:
-    """The PDDeployment once it is `settled`."""
-    found: dict[str, Any] = wait_for(
-        lambda: (o := get_pdd(api, namespace, name)) and settled(o) and o,
-        f"{name} settled",
-        timeout,
-        interval=0.5,
-    )
+    """The PDDeployment once it is `settled`; on a timeout, what its status said last."""
+    last: dict[str, Any] = {}
+
+    def probe() -> dict[str, Any] | None:
+        last.update(get_pdd(api, namespace, name))
+        return last if settled(last) else None
+
+    try:
+        found: dict[str, Any] = wait_for(probe, f"{name} settled", timeout, interval=0.5)
+    except TimeoutError as e:
+        status = last.get("status") or {}
+        said = {
+            "conditions": [
+                f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message')}"
+                for c in status.get("conditions") or []
+            ],
+            "waitingFor": status.get("waitingFor"),
+            "rollout": status.get("rollout"),
+        }
+        raise TimeoutError(f"{e}; its status last said {said}") from None
     return found
 
 
@@ -309,7 +338,17 @@ def ready_after(b: PDDBuilder, ms: int = 800) -> PDDBuilder:
 @dataclass
 class RolloutWatcher:
     """Feeds every Pod/Deployment event of one PDDeployment to the core's invariant checker
-    (`pdmtp.core.invariants`, the one the planner's simulator uses) and collects violations."""
+    (`pdmtp.core.invariants`, the one the planner's simulator uses) and collects violations.
+    The floor counts what a client can reach, as the planner does: Ready pods, not leaving, of
+    revisions whose router Deployment has replicas (a parked one has none) and a Ready pod
+    (`RevisionState.reachable`, read off the Deployments by `observe.revision_states`).
+
+    Pods and Deployments come on two watch streams, and one may deliver an event later than the
+    other delivers a newer one (a router Deployment scaled to zero arriving before the pod that
+    turned Ready just before it): the view would show a moment that never was. So events are
+    applied in resourceVersion order across both streams (etcd's one sequence), an event once
+    no stream can still deliver an older one (each stream delivers in order) or once it has
+    waited REORDER_SECONDS; each is checked at the time it arrived."""
 
     api: client.ApiClient
     namespace: str
@@ -333,6 +372,12 @@ class RolloutWatcher:
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _pending: list[_Change] = field(default_factory=list)
+    """Events received and not applied yet, a heap by resourceVersion."""
+    _frontier: dict[str, int] = field(default_factory=dict)
+    """Per stream, the resourceVersion of the last event or list it delivered."""
+    _received: Iterator[int] = field(default_factory=itertools.count)
+    _last_check: float = 0.0
 
     def __post_init__(self) -> None:
         # The watcher sees a router stop a moment after the operator decided it: forgive that
@@ -350,6 +395,9 @@ class RolloutWatcher:
             t = threading.Thread(target=self._follow, args=(what, lister, selector), daemon=True)
             t.start()
             self._threads.append(t)
+        ticker = threading.Thread(target=self._tick, daemon=True)
+        ticker.start()
+        self._threads.append(ticker)
         time.sleep(0.5)
         self.expect(spec)
 
@@ -357,6 +405,7 @@ class RolloutWatcher:
         """The spec is about to become `spec`: bounds and the anchor from what serves now."""
         target, _ = target_and_policy(check(spec))
         with self._lock:
+            self._apply_pending(flush=True)
             before = dict(self.monitor.max_pods)
             self.monitor.retarget(self._states(), target)
             # What the operator decided for the previous spec may still land after this (a pod it
@@ -370,6 +419,7 @@ class RolloutWatcher:
         stays; as in `expect`, the pods ceiling keeps the higher of old and new."""
         target, _ = target_and_policy(check(spec))
         with self._lock:
+            self._apply_pending(flush=True)
             before = dict(self.monitor.max_pods)
             self.monitor.rescale(self._states(), target)
             for role, ceiling in before.items():
@@ -379,11 +429,12 @@ class RolloutWatcher:
         self._stop.set()
         for t in self._threads:
             t.join(10)
+        with self._lock:
+            self._apply_pending(flush=True)
 
     def _follow(self, what: str, lister: Any, selector: str) -> None:
         """List, then watch from the list's resourceVersion; on every reconnect list again and
         replace the view, so a pod deleted while no watch was open never lingers in it."""
-        store = self.pods if what == "pod" else self.deployments
         while not self._stop.is_set():
             w = watch.Watch()
             try:
@@ -392,9 +443,7 @@ class RolloutWatcher:
                     i.metadata.name: self.api.sanitize_for_serialization(i) for i in listed.items
                 }
                 with self._lock:
-                    store.clear()
-                    store.update(items)
-                    self._check(f"LIST {what}s")
+                    self._receive(what, "LIST", None, items, listed.metadata.resource_version)
                 for event in w.stream(
                     lister,
                     self.namespace,
@@ -408,12 +457,8 @@ class RolloutWatcher:
                         break  # e.g. 410 Gone: list again
                     key = raw["metadata"]["name"]
                     with self._lock:
-                        if event["type"] == "DELETED":
-                            store.pop(key, None)
-                        else:
-                            store[key] = raw
-                        self.events_seen += 1
-                        self._check(f"{event['type']} {what} {key}")
+                        rv = raw["metadata"].get("resourceVersion")
+                        self._receive(what, event["type"], key, raw, rv)
                     if self._stop.is_set():
                         break
             except Exception:  # a dropped watch is re-opened after a fresh list
@@ -421,6 +466,45 @@ class RolloutWatcher:
                     time.sleep(0.2)
             finally:
                 w.stop()
+
+    def _tick(self) -> None:
+        """Apply what waited long enough while neither stream delivers anything."""
+        while not self._stop.wait(REORDER_SECONDS / 4):
+            with self._lock:
+                self._apply_pending()
+
+    def _receive(self, what: str, kind: str, key: str | None, obj: Any, rv: str | None) -> None:
+        """Queue one event (or a list, which replaces the stream's view) and apply what may be."""
+        version = int(rv) if rv and rv.isdigit() else 0
+        change = _Change(version, next(self._received), time.time(), what, kind, key, obj)
+        heapq.heappush(self._pending, change)
+        self._frontier[what] = max(self._frontier.get(what, 0), version)
+        self._apply_pending()
+
+    def _apply_pending(self, flush: bool = False) -> None:
+        """Apply, in resourceVersion order, every queued event no stream can still precede."""
+        settled = min(self._frontier.get(w, 0) for w in ("pod", "deployment"))
+        while self._pending:
+            first = self._pending[0]
+            late = time.time() - first.arrived > REORDER_SECONDS
+            if not (flush or late or first.version <= settled):
+                return
+            heapq.heappop(self._pending)
+            store = self.pods if first.what == "pod" else self.deployments
+            if first.kind == "LIST":
+                store.clear()
+                store.update(first.obj)
+                label = f"LIST {first.what}s"
+            else:
+                if first.kind == "DELETED":
+                    store.pop(first.key or "", None)
+                else:
+                    store[first.key or ""] = first.obj
+                self.events_seen += 1
+                label = f"{first.kind} {first.what} {first.key}"
+            # Arrival time, never going back: the drain check (invariant 4) reads the clock.
+            self._last_check = max(self._last_check, first.arrived)
+            self._check(label, self._last_check)
 
     # Checks run under the lock, over the watcher's view of the namespace.
 
@@ -464,7 +548,7 @@ class RolloutWatcher:
             kept.append(p)
         return kept
 
-    def _check(self, label: str) -> None:
+    def _check(self, label: str, now: float) -> None:
         if self.monitor.target is None:
             return  # not started yet
         terminating = [
@@ -473,7 +557,7 @@ class RolloutWatcher:
             if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
         listed = listed_engines(self._pods())
-        moment = Moment(time.time(), self._states(), terminating, label, listed)
+        moment = Moment(now, self._states(), terminating, label, listed)
         broken = self.monitor.check(moment)
         if broken and len(self.views) < 5:
             self.views.append(f"{label}: {self._view()}")
@@ -502,6 +586,24 @@ class RolloutWatcher:
                 "deployments": sorted(self.deployments),
                 "events": self.events_seen,
             }
+
+
+REORDER_SECONDS = 2.0
+"""How long an event may wait for an older one still on its way on the other stream."""
+
+
+@dataclass(frozen=True, order=True)
+class _Change:
+    """One watch event (or a list) as received, ordered by resourceVersion, then arrival."""
+
+    version: int
+    received: int
+    arrived: float = field(compare=False)
+    what: str = field(compare=False)
+    kind: str = field(compare=False)
+    """ADDED, MODIFIED, DELETED, or LIST (the stream's whole view, `obj` by name)."""
+    key: str | None = field(compare=False)
+    obj: Any = field(compare=False)
 
 
 def partial_routes(pods: list[dict[str, Any]]) -> list[str]:

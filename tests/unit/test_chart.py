@@ -196,6 +196,8 @@ CLUSTER_SCOPED = {
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     ("", "namespaces", "list"),
     ("", "namespaces", "watch"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
 }
 WEBHOOK_RULES = {
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", verb)
@@ -211,14 +213,21 @@ def test_defaults_watch_every_namespace_with_one_cluster_binding(helm: Path) -> 
         == "pdmtp-operator:" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
     )
     assert "imagePullPolicy" not in op
-    assert op["args"] == ["--all-namespaces", "--metrics-port=9090", "--health-listen=0.0.0.0:8081"]
+    assert op["args"] == [
+        "--all-namespaces",
+        "--metrics-port=9090",
+        "--health-listen=0.0.0.0:8081",
+        "--leader-elect",
+    ]
     role = grants(rendered["ClusterRole", "pdmtp-operator"]["rules"])
     assert role >= CLUSTER_SCOPED and not role & WEBHOOK_RULES
     binding = rendered["ClusterRoleBinding", "pdmtp-operator"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pdmtp-operator", "namespace": "pdmtp-system"}
     ]
-    assert not [k for k in rendered if k[0] in ("RoleBinding", "ServiceMonitor")]
+    # The one RoleBinding is leader election's, in the release namespace.
+    bindings = [k for k in rendered if k[0] in ("RoleBinding", "ServiceMonitor")]
+    assert bindings == [("RoleBinding", "pdmtp-operator-leader-election")]
     assert ("Service", "pdmtp-operator-webhook") not in rendered
 
 
@@ -226,7 +235,11 @@ def test_listed_namespaces_get_a_rolebinding_each_and_only_cluster_scoped_rules_
     helm: Path,
 ) -> None:
     listed = render(helm, sets=["watchNamespaces={serving,batch}"])
-    bindings = [o for o in listed if o["kind"] == "RoleBinding"]
+    bindings = [
+        o
+        for o in listed
+        if o["kind"] == "RoleBinding" and o["metadata"]["name"] != "pdmtp-operator-leader-election"
+    ]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["batch", "serving"]
     for b in bindings:
         assert b["roleRef"] == {
@@ -258,13 +271,23 @@ def test_the_webhook_adds_its_flags_service_and_rbac_only_when_enabled(
     off = objects(helm, *scope)
     on = objects(helm, *scope, "webhook.enabled=true")
     assert not [a for a in container(off)["args"] if a.startswith("--webhook")]
+    # Elected (the default): only the leader serves reviews, so the configuration names the
+    # leader's own pod address, not a Service that would also send reviews to the standby.
     assert container(on)["args"][-3:] == [
         "--webhook-listen=0.0.0.0:9443",
-        "--webhook-host=pdmtp-operator-webhook.pdmtp-system.svc",
+        "--webhook-host=$(POD_IP)",
         "--webhook-manage",
     ]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container(on)["env"]}
+    assert env["POD_IP"] == "status.podIP"
     assert {"name": "webhook", "containerPort": 9443} in container(on)["ports"]
-    service = on["Service", "pdmtp-operator-webhook"]
+    assert ("Service", "pdmtp-operator-webhook") not in on
+    # One replica without election: the Service's name, as before.
+    alone = objects(
+        helm, *scope, "webhook.enabled=true", "leaderElection.enabled=false", "replicaCount=1"
+    )
+    assert container(alone)["args"][-2] == "--webhook-host=pdmtp-operator-webhook.pdmtp-system.svc"
+    service = alone["Service", "pdmtp-operator-webhook"]
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook"}]
     assert service["spec"]["selector"] == {"app.kubernetes.io/name": "pdmtp-operator"}
     assert ("Service", "pdmtp-operator-webhook") not in off
@@ -290,7 +313,87 @@ def test_the_servicemonitor_needs_both_the_value_and_the_api(helm: Path) -> None
     assert monitor["spec"]["selector"] == {
         "matchLabels": {"app.kubernetes.io/name": "pdmtp-operator"}
     }
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics"}]
+    # honorLabels: the operator's own namespace label (the PDDeployment's) is what the alert
+    # rules select on, not the operator pod's.
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "honorLabels": True}
+    ]
+
+
+MONITORING = (
+    ("PodMonitor", "pdmtp-engines"),
+    ("PrometheusRule", "pdmtp"),
+    ("ConfigMap", "pdmtp-dashboard"),
+)
+
+
+def test_monitoring_objects_are_opt_in(helm: Path) -> None:
+    apis = [f"monitoring.coreos.com/v1/{kind}" for kind in ("PodMonitor", "PrometheusRule")]
+    rendered = by_key(render(helm, *[f for a in apis for f in ("--api-versions", a)]))
+    assert not set(MONITORING) & rendered.keys()
+
+
+def test_the_prometheusrule_is_the_rules_file_and_needs_both_the_value_and_the_api(
+    helm: Path,
+) -> None:
+    api = "monitoring.coreos.com/v1/PrometheusRule"
+    key = ("PrometheusRule", "pdmtp")
+    assert key not in objects(helm, "metrics.prometheusRule.enabled=true")
+    assert key not in objects(helm, api=api)
+    rule = objects(
+        helm,
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.labels.release=prom",
+        api=api,
+    )[key]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["metadata"]["namespace"] == "pdmtp-system"
+    # One source: the object's spec is the file promtool checks, annotations' templates intact.
+    assert rule["spec"] == yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert "{{ $labels.namespace }}" in json.dumps(rule["spec"])
+
+
+def test_the_podmonitor_labels_engine_series_as_the_operators_are(helm: Path) -> None:
+    api = "monitoring.coreos.com/v1/PodMonitor"
+    key = ("PodMonitor", "pdmtp-engines")
+    assert key not in objects(helm, "metrics.podMonitor.enabled=true")
+    assert key not in objects(helm, api=api)
+    monitor = objects(helm, "metrics.podMonitor.enabled=true", api=api)[key]["spec"]
+    assert monitor["namespaceSelector"] == {"any": True}
+    assert monitor["selector"] == {
+        "matchLabels": {"app.kubernetes.io/managed-by": "pdmtp"},
+        "matchExpressions": [
+            {"key": "pdmtp.io/role", "operator": "In", "values": ["prefill", "decode"]}
+        ],
+    }
+    (endpoint,) = monitor["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"
+    relabeled = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert relabeled == {
+        "name": ["__meta_kubernetes_pod_label_pdmtp_io_name"],
+        "role": ["__meta_kubernetes_pod_label_pdmtp_io_role"],
+        "revision": ["__meta_kubernetes_pod_label_pdmtp_io_revision"],
+    }
+
+
+def test_the_dashboard_configmap_carries_the_sidecar_label_and_the_json(helm: Path) -> None:
+    key = ("ConfigMap", "pdmtp-dashboard")
+    assert key not in objects(helm)
+    config = objects(helm, "metrics.dashboard.enabled=true")[key]
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in config["metadata"]
+    dashboard = (CHART / "files" / "dashboard.json").read_text()
+    assert json.loads(config["data"]["pdmtp.json"]) == json.loads(dashboard)
+    other = objects(
+        helm,
+        "metrics.dashboard.enabled=true",
+        "metrics.dashboard.labels.grafana_dashboard=null",
+        "metrics.dashboard.labels.dashboards=pdmtp",
+        "metrics.dashboard.annotations.grafana_folder=serving",
+    )[key]["metadata"]
+    assert "grafana_dashboard" not in other["labels"] and other["labels"]["dashboards"] == "pdmtp"
+    assert other["annotations"] == {"grafana_folder": "serving"}
 
 
 GUARD = [
@@ -355,6 +458,7 @@ def test_values_reach_the_pod(helm: Path) -> None:
         "--all-namespaces",
         "--metrics-port=9100",
         "--health-listen=0.0.0.0:8082",
+        "--leader-elect",
         "-v",
     ]
     assert {"name": "metrics", "containerPort": 9100} in op["ports"]
@@ -377,6 +481,8 @@ def test_values_reach_the_pod(helm: Path) -> None:
         "image.tg=x",
         "crds.kep=false",
         "metrics.serviceMonitor.enable=true",
+        "metrics.dashboard.label.x=y",
+        "metrics.prometheusRule.enabled=yes",
         "webhook.port=1",
         "logLevel=trace",
         "metrics.port=0",
@@ -399,3 +505,55 @@ def test_every_object_carries_the_release_labels(helm: Path) -> None:
             "helm.sh/chart",
         ):
             assert key in labels, f"{kind}/{name}: no {key}"
+
+
+# ---- leader election ------------------------------------------------------------------------
+
+LEASE_RULE = {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+
+
+def test_two_replicas_elect_a_leader_by_default(helm: Path) -> None:
+    rendered = objects(helm)
+    deployment = rendered["Deployment", "pdmtp-operator"]["spec"]
+    assert deployment["replicas"] == 2
+    assert deployment["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    op = container(rendered)
+    assert "--leader-elect" in op["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in op["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    role = rendered["Role", "pdmtp-operator-leader-election"]
+    assert role["metadata"]["namespace"] == "pdmtp-system"
+    assert grants(role["rules"]) == LEASE_RULE
+    binding = rendered["RoleBinding", "pdmtp-operator-leader-election"]
+    assert binding["roleRef"]["name"] == "pdmtp-operator-leader-election"
+    assert binding["subjects"][0] == {
+        "kind": "ServiceAccount",
+        "name": "pdmtp-operator",
+        "namespace": "pdmtp-system",
+    }
+    budget = rendered["PodDisruptionBudget", "pdmtp-operator"]["spec"]
+    assert budget == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": {"app.kubernetes.io/name": "pdmtp-operator"}},
+    }
+    # The ClusterRole grants no Lease: it is needed in the release namespace only.
+    assert not grants(rendered["ClusterRole", "pdmtp-operator"]["rules"]) & LEASE_RULE
+
+
+def test_without_election_one_replica_is_replaced_not_overlapped(helm: Path) -> None:
+    rendered = objects(helm, "leaderElection.enabled=false", "replicaCount=1")
+    deployment = rendered["Deployment", "pdmtp-operator"]["spec"]
+    assert deployment["replicas"] == 1
+    assert deployment["strategy"] == {"type": "Recreate"}
+    op = container(rendered)
+    assert "--leader-elect" not in op["args"] and "env" not in op
+    assert ("Role", "pdmtp-operator-leader-election") not in rendered
+    assert ("PodDisruptionBudget", "pdmtp-operator") not in rendered
+
+
+def test_two_replicas_without_election_are_refused(helm: Path) -> None:
+    with pytest.raises(HelmError, match=re.escape("replicaCount > 1 needs leaderElection.enabled")):
+        render(helm, sets=["leaderElection.enabled=false"])

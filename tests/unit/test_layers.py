@@ -1,5 +1,6 @@
 """The layering contract (`make lint`, import-linter) holds, and breaks when a layer imports
-upward: proven on a copy of the package with one bad import added."""
+upward: proven on a copy of the package with one bad import added. docs/design.md draws the same
+layers, and every module of the package has its place in them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,7 @@ def test_the_tree_keeps_its_layers() -> None:
         ("core/names.py", "import pdmtp.kube", "pdmtp.core.names -> pdmtp.kube"),
         ("kube.py", "import pdmtp.controller", "pdmtp.kube -> pdmtp.controller"),
         ("core/hashing.py", "import kopf", "pdmtp.core.hashing -> kopf"),
+        ("cli/render.py", "from pdmtp.cli import plan", "pdmtp.cli.render -> pdmtp.cli.plan"),
     ],
 )
 def test_an_upward_import_breaks_the_contract(
@@ -50,3 +53,49 @@ def test_an_upward_import_breaks_the_contract(
     done = lint(tmp_path)
     assert done.returncode == 1, done.stdout
     assert expected in done.stdout
+
+
+Layers = list[set[str]]
+
+
+def contract_layers() -> Layers:
+    """The package's layers in the import-linter contract, top first, without `pdmtp.`."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    (contract,) = (
+        c
+        for c in config["tool"]["importlinter"]["contracts"]
+        if c["type"] == "layers" and "containers" not in c
+    )
+    return [
+        {m.strip().removeprefix("pdmtp.") for m in layer.split("|")} for layer in contract["layers"]
+    ]
+
+
+def design_layers(design: str) -> Layers:
+    """The layer line of docs/design.md: the first code block under "## Layers", `->` between
+    layers, `|` between the independent modules of one."""
+    section = design.split("\n## Layers\n", 1)[1]
+    line = " ".join(section.split("```", 2)[1].split())
+    return [{m.strip() for m in layer.split("|")} for layer in line.split("->")]
+
+
+def drawn(layers: Layers) -> str:
+    return " -> ".join(" | ".join(sorted(layer)) for layer in layers)
+
+
+def test_the_design_draws_the_contracts_layers() -> None:
+    design = design_layers((REPO / "docs" / "design.md").read_text())
+    contract = contract_layers()
+    assert design == contract, f"docs/design.md: {drawn(design)}\npyproject.toml: {drawn(contract)}"
+
+
+def test_every_module_has_a_layer() -> None:
+    package = REPO / "operator" / "pdmtp"
+    modules = {
+        p.stem
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+    placed = set().union(*contract_layers())
+    assert modules - placed == set(), "modules in no layer of the contract (pyproject.toml)"
+    assert placed - modules == set(), "layers naming no module"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from pdmtp import rolloutctl
-from pdmtp.controller import WorkQueue
-from pdmtp.kube import ApiError, Kube
+from pdmtp.kube import ApiError, Kube, replacing_merge_patch
+from pdmtp.workqueue import WorkQueue
 
 
 @dataclass
@@ -97,6 +97,56 @@ def test_status_patch_clears_fields_the_new_status_dropped() -> None:
     assert api.calls[0]["url"].startswith(
         "/apis/pdmtp.io/v1alpha1/namespaces/ns/pddeployments/x/status"
     )
+
+
+def test_status_patch_clears_fields_dropped_inside_nested_objects() -> None:
+    # A merge patch merges objects key by key: a canary hold's share, gone from the new rollout
+    # record, must be sent as null or the API server keeps showing it.
+    k, api = kube(Response(200, {}))
+    old = {"rollout": {"phase": "CanaryHold", "canaryTrafficPercent": 50, "revision": "b"}}
+    new = {"rollout": {"phase": "Complete", "revision": "a"}, "revisions": [{"r": "a"}]}
+    k.patch_status("ns", "x", new, old)
+    assert api.calls[0]["body"] == {
+        "status": {
+            "rollout": {"phase": "Complete", "revision": "a", "canaryTrafficPercent": None},
+            "revisions": [{"r": "a"}],
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"a": {"b": {"c": 1, "d": 2}}, "e": [1, 2]}, {"a": {"b": {"c": 1}}, "e": [1]}),
+        ({"a": {"b": 1}}, {"a": 2}),
+        ({"a": 1}, {"a": {"b": 1}}),
+        ({"a": {"b": 1}, "x": 1}, {}),
+        ({}, {"a": {"b": None}}),
+    ],
+)
+def test_a_replacing_merge_patch_applied_to_old_gives_new(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    assert merge_patched(old, replacing_merge_patch(old, new)) == without_nulls(new)
+
+
+def merge_patched(target: Any, patch: Any) -> Any:
+    """RFC 7386's MergePatch, as the API server applies a merge-patch+json body."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patched(result.get(key), value)
+    return result
+
+
+def without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def test_rollout_history_reads_listed_controller_revisions() -> None:

@@ -88,6 +88,10 @@ deploy/).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "patch"]
+# Each (revision, engine role)'s PodDisruptionBudget, deleted with its revision.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
@@ -100,6 +104,10 @@ deploy/).
   verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["namespaces"]
+  verbs: ["list", "watch"]
+# Cordoned nodes: a drain's engine pods are moved off them, replacement first.
+- apiGroups: [""]
+  resources: ["nodes"]
   verbs: ["list", "watch"]
 {{- if .Values.webhook.enabled }}
 # --webhook-manage keeps the ValidatingWebhookConfiguration pdmtp.io up to date.
