@@ -9,7 +9,7 @@ children are rendered with the pure core, exactly as the operator would write th
 sent to the API server as a server-side apply with `dryRun=All`, which validates, admits and
 discards it. The first refusal of each child is reported in the server's own words.
 
-Used by the opt-in validating webhook (pdmtp.controller's `admit`) and by `pdmtp validate
+Used by the opt-in validating webhook (pdmtp.manager's `admit`) and by `pdmtp validate
 --server`. Needs the operator's write permissions on its children (the same verbs as the
 reconciler: a dry run is authorised as the write it stands for); changes nothing.
 """

@@ -81,7 +81,10 @@ class SimCluster:
 
     `capacity` bounds each engine role's scheduled pods (a full cluster: terminating pods hold
     their GPUs); `failing` revisions never get a ready engine pod (an engine that refuses its
-    config or crash-loops).
+    config or crash-loops). With `controller_lag` the operator's own write wakes it again before
+    the Deployment controller acts on that write (`run` plans twice per tick): it observes the
+    new replicas next to the old pods, such as a router Deployment at zero whose pod is still
+    Ready.
     """
 
     def __init__(
@@ -89,12 +92,14 @@ class SimCluster:
         terminate_ticks: int = 1,
         capacity: dict[str, int] | None = None,
         failing: set[str] | None = None,
+        controller_lag: bool = False,
     ) -> None:
         self.now = 0.0
         self.revisions: dict[str, SimRevision] = {}
         self.terminate_ticks = terminate_ticks
         self.capacity = capacity or {}
         self.failing = failing or set()
+        self.controller_lag = controller_lag
 
     @classmethod
     def serving(
@@ -103,9 +108,10 @@ class SimCluster:
         target: Target,
         capacity: dict[str, int] | None = None,
         failing: set[str] | None = None,
+        controller_lag: bool = False,
     ) -> SimCluster:
         """A cluster where `revision` already runs at `target`, all ready and routed."""
-        sim = cls(capacity=capacity, failing=failing)
+        sim = cls(capacity=capacity, failing=failing, controller_lag=controller_lag)
         rev = SimRevision(revision, created=-1.0)
         counts = {"prefill": target.prefill, "decode": target.decode, "router": target.router}
         for role, n in counts.items():
@@ -172,9 +178,10 @@ class SimCluster:
             if pod.ready and not pod.leaving and pod.name not in leaving
         )
 
-    def apply(self, step: Step, removal: Removal | None = None) -> None:
+    def apply(self, step: Step, removal: Removal | None = None, controllers: bool = True) -> None:
         """Write the operator's step: the marks on engine pods, replicas (as the removal gate
-        holds them), drain marks, deletions and the routers' membership (pods follow later)."""
+        holds them), drain marks, deletions and the routers' membership; then (`controllers`)
+        the Deployment controller acts on it (pods follow later)."""
         plans = removal.plans if removal is not None else step.revisions
         if removal is not None:
             for marked in self.revisions.values():
@@ -194,7 +201,8 @@ class SimCluster:
             rev.drain_until = p.drain_until
             rev.deleted = p.delete
             rev.workloads["router"].lists = self.membership(rev, frozenset())
-        self.run_controllers()
+        if controllers:
+            self.run_controllers()
 
     def run_controllers(self) -> None:
         """The Deployment controller: create missing pods; delete surplus ones unscheduled
@@ -301,29 +309,45 @@ def run(
     trace: Trace | None = None,
     until: Callable[[Step], bool] | None = None,
     rescale: Mapping[int, Target] | None = None,
+    outages: Mapping[int, int] | None = None,
 ) -> Trace:
     """Drive the planner until the rollout to `target` completes (or `until` says stop),
     checking every moment. `policy` (default: the monitor's) may pause or hold the rollout; the
     monitor's bounds stay those of its own policy. `rescale` changes the target at the given
-    ticks (replicas moved mid-roll, or a new revision); the monitor's bounds follow it."""
+    ticks (replicas moved mid-roll, or a new revision); the monitor's bounds follow it.
+    `outages` stop the operator at the given ticks for the given number of ticks (killed, then
+    restarted): pods move on without it, and it goes on from what it observes (invariant 6)."""
     trace = trace if trace is not None else Trace()
     monitor.retarget(sim.observe(), target)
     check(monitor, sim, "start")
+    down = 0
     for tick in range(max_ticks):
         if rescale and tick in rescale:
             target = rescale[tick]
             monitor.retarget(sim.observe(), target)
-        observed = sim.observe()
-        step = plan(observed, target, policy or monitor.policy, sim.now)
-        trace.steps.append((sim.now, observed, step))
-        if step.complete:
-            trace.complete = True
-            return trace
-        if until is not None and until(step):
-            return trace
-        removal = gate(step.revisions, observed, sim.engines(), sim.routers())
-        sim.apply(step, removal)
-        check(monitor, sim, "after the planner's step")
+        down = max(down, (outages or {}).get(tick, 0))
+        if down > 0:
+            down -= 1
+            sim.advance(rng, ready_chance)
+            check(monitor, sim, "while the operator was down")
+            continue
+        passes = 2 if sim.controller_lag else 1
+        for again in range(passes):
+            observed = sim.observe()
+            step = plan(observed, target, policy or monitor.policy, sim.now)
+            trace.steps.append((sim.now, observed, step))
+            if step.complete or (until is not None and until(step)):
+                if again:
+                    sim.run_controllers()  # what the first pass wrote still takes effect
+                trace.complete = step.complete
+                return trace
+            removal = gate(step.revisions, observed, sim.engines(), sim.routers())
+            sim.apply(step, removal, controllers=again == passes - 1)
+            check(
+                monitor,
+                sim,
+                "after the planner's step" if again == 0 else "after a step that saw its own write",
+            )
         sim.advance(rng, ready_chance)
         check(monitor, sim, "after pods changed")
     return trace

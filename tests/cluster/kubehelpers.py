@@ -123,3 +123,33 @@ def install_crd(
 def pod_ready(pod: client.V1Pod) -> bool:
     """The operator's own readiness rule (`pdmtp.core.observe.pod_ready`) on a typed pod."""
     return observe.pod_ready(client.ApiClient().sanitize_for_serialization(pod))
+
+
+def evict(cluster: Cluster, namespace: str, pod: str) -> int:
+    """POST pods/<pod>/eviction (policy/v1), as `kubectl drain` does: 201 when the pod was
+    evicted, 429 when a disruption budget refused it (any other answer fails the test)."""
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    try:
+        client.CoreV1Api(cluster.api_client).create_namespaced_pod_eviction(pod, namespace, body)
+    except ApiException as e:
+        assert e.status == 429 and "disruption budget" in str(e.body), e.body
+        return 429
+    return 201
+
+
+def budget_counted(
+    cluster: Cluster, namespace: str, name: str, allowed: int, pods: int, timeout: float = 30
+) -> client.V1PodDisruptionBudget:
+    """PodDisruptionBudget `name` once the disruption controller has counted its current spec
+    with `pods` expected, all of them healthy, and `allowed` disruptions."""
+    policy = client.PolicyV1Api(cluster.api_client)
+
+    def counted() -> client.V1PodDisruptionBudget | None:
+        b = policy.read_namespaced_pod_disruption_budget(name, namespace)
+        s = b.status
+        if s is None or s.observed_generation != b.metadata.generation:
+            return None
+        seen = (s.expected_pods, s.current_healthy, s.disruptions_allowed)
+        return b if seen == (pods, pods, allowed) else None
+
+    return wait_for(counted, f"{name}: {allowed} of {pods} pods allowed", timeout, 0.2)

@@ -8,14 +8,16 @@ from __future__ import annotations
 import ipaddress
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster.kubehelpers import Cluster, install_crd, pod_ready, wait_for
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
-from localcluster import GPU_RESOURCE, K8S_VERSION, RDMA_RESOURCE
+from localcluster import GPU_RESOURCE, K8S_VERSION, RDMA_RESOURCE, LocalCluster
 from localcluster import NODE_SELECTOR_ANNOTATION as FAKE_NODE
 from operator_harness import READY_DELAY, TERMINATE_MESSAGE
 
@@ -131,6 +133,40 @@ def test_deployment_pods_are_created_and_ready(cluster: Cluster, namespace: str)
     for pod in pods:
         assert pod.metadata.owner_references[0].kind == "ReplicaSet"
         assert_fake_private_ip(pod.status.pod_ip)
+
+
+def test_a_fresh_clusters_first_pods_get_addresses_of_their_own(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Pods Ready at one moment on a fresh KWOK each get an IP no other live pod has, as in any
+    real cluster (`localcluster.ip_pool_primer`: the operator matches router args to pods by
+    address)."""
+    if cluster.local is None:
+        pytest.skip(f"the {cluster.backend} cluster is not started by this tier")
+    local = LocalCluster(tmp_path / "fresh", nodes=4, die_with_parent=True, gang_scheduling=False)
+    local.start()
+    api = config.new_client_from_config(config_file=str(local.kubeconfig))
+    try:
+        core = client.CoreV1Api(api)
+        nodes = local.node_names()
+        bodies = []
+        for i in range(16):
+            # Bound, not scheduled, with one delay: their Ready timers expire together.
+            body = pod_body(f"p{i}", annotations={READY_DELAY: "800"})
+            body["spec"]["nodeName"] = nodes[i % len(nodes)]
+            bodies.append(body)
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            list(pool.map(lambda b: core.create_namespaced_pod("default", b), bodies))
+
+        def addresses() -> list[str] | None:
+            ips = [p.status.pod_ip for p in core.list_namespaced_pod("default").items]
+            return ips if len(ips) == len(bodies) and all(ips) else None
+
+        ips = wait_for(addresses, "every pod's IP")
+        assert len(set(ips)) == len(ips), sorted(ips)
+    finally:
+        api.close()
+        local.stop()
 
 
 def test_garbage_collector_and_namespace_deletion(core: client.CoreV1Api) -> None:

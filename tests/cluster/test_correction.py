@@ -1,6 +1,7 @@
 """The operator corrects what it finds on a real API server: foreign edits and deletions of its
-children come back, refused writes are status and Warning events (never a false Normal event) and
-recover by themselves, and a workload whose pods the server refuses shows in status."""
+children (disruption budgets included) come back, refused writes are status and Warning events
+(never a false Normal event) and recover by themselves, and a workload whose pods the server
+refuses shows in status."""
 
 from __future__ import annotations
 
@@ -96,6 +97,22 @@ def test_foreign_edits_and_deletions_come_back(
         "deleted NetworkPolicy",
         lambda: _exists(lambda: net.read_namespaced_network_policy("drift-pd", namespace)),
     )
+    # The decode role's disruption budget: loosened, then deleted.
+    budgets = client.PolicyV1Api(cluster.api_client)
+    loosen = json.dumps({"spec": {"maxUnavailable": 5}})
+    kubectl(cluster, namespace, "patch", f"pdb/{decode}", "--type=merge", "-p", loosen)
+    restored(
+        "budget",
+        lambda: (
+            budgets.read_namespaced_pod_disruption_budget(decode, namespace).spec.max_unavailable
+            == 0  # maxSurge 1: the operator moves a drained node's pods (core.evacuation)
+        ),
+    )
+    budgets.delete_namespaced_pod_disruption_budget(decode, namespace)
+    restored(
+        "deleted PodDisruptionBudget",
+        lambda: _exists(lambda: budgets.read_namespaced_pod_disruption_budget(decode, namespace)),
+    )
     wait_settled(cluster.api_client, namespace, "drift")
     # Each edit was seen and reverted (not merely never applied): the operator said so.
     updated = " ".join(
@@ -103,8 +120,14 @@ def test_foreign_edits_and_deletions_come_back(
     )
     for field in ("containers[engine].image", "containers[engine].args", "spec.replicas"):
         assert field in updated, updated
+    assert f"Updated PodDisruptionBudget/{decode}: spec.maxUnavailable" in updated, updated
     created = [e.message for e in events(cluster, namespace, "drift") if e.reason == "Created"]
-    for child in (f"Deployment/{decode}", "Service/drift", "NetworkPolicy/drift-pd"):
+    for child in (
+        f"Deployment/{decode}",
+        "Service/drift",
+        "NetworkPolicy/drift-pd",
+        f"PodDisruptionBudget/{decode}",
+    ):
         assert created.count(f"Created {child}") == 2, created
     assert obj["metadata"]["uid"]
 

@@ -46,7 +46,7 @@ def podgroup_version(cluster: Cluster) -> str:
     if version is None:
         pytest.skip(
             "the cluster does not serve scheduling.k8s.io PodGroups (the Workload API is off; "
-            "tests/support/localcluster.py workload_api() switches it on for the local cluster)"
+            "hack/lib/localcluster.py workload_api() switches it on for the local cluster)"
         )
     api = workload_api()
     if cluster.local is not None and api is not None:

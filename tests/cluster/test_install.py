@@ -141,6 +141,10 @@ def test_service_account_cannot_read_secrets_or_touch_unrelated_things(
         assert can(api, "create", "pods", namespace)
         assert can(api, "delete", "pods", namespace)
         assert can(api, "create", "podgroups", namespace, "scheduling.k8s.io")
+        # Leader election's Lease: in the operator's own namespace only.
+        for verb in ("get", "create", "update"):
+            assert can(api, verb, "leases", SYSTEM_NS, "coordination.k8s.io")
+            assert not can(api, verb, "leases", namespace, "coordination.k8s.io")
         for verb, resource, group in [
             ("get", "secrets", ""),
             ("list", "secrets", ""),
@@ -168,7 +172,15 @@ def test_service_account_cannot_read_secrets_or_touch_unrelated_things(
 def sa_operator(
     cluster: Cluster, operator_kubeconfig: Path, namespace: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(operator_kubeconfig, [namespace], tmp_path / "operator.log")
+    # Electing as deploy/ runs it: the Lease in the operator's own namespace, under its Role.
+    election = [
+        "--leader-elect",
+        f"--leader-election-namespace={SYSTEM_NS}",
+        f"--leader-election-id=pdmtp-operator-{namespace}"[:63],
+    ]
+    op = OperatorProcess(
+        operator_kubeconfig, [namespace], tmp_path / "operator.log", extra_args=election
+    )
     op.start()
     yield op
     op.stop()
@@ -216,6 +228,8 @@ def test_operator_under_its_own_identity_rolls_and_serves_metrics(
     first = sa_operator.log_path.read_text().split("=====\n", 1)[1].splitlines()[0]
     assert f"pdmtp {pdmtp.__version__} starting" in first, first
     assert metric(m, "pdmtp_build_info", version=pdmtp.__version__) == 1
+    leader = [v for k, v in m.items() if k.startswith("pdmtp_leader{")]
+    assert leader == [1.0], "it leads, on the Lease its Role grants"
     assert metric(m, "pdmtp_reconcile_total", namespace=namespace, name="sa") > 3
     assert metric(m, "pdmtp_reconcile_duration_seconds_count") > 3
     assert metric(m, "pdmtp_child_writes_total", name="sa", action="scale") >= 1

@@ -1,8 +1,9 @@
 """Multi-node roles on a real API server and kube-scheduler (the Workload API's gang), with the
-operator as a subprocess: groups come up whole, a lost member replaces its group and the router
-follows, a paired rollout of multi-node prefill and decode (an operator kill mid-roll included)
-keeps every invariant and never binds a group partly, and scaling adds and removes whole
-groups, by the spec and by `kubectl scale pdrolescale`."""
+operator as a subprocess: groups come up whole, a member evicted by a drain replaces its group
+and the router follows while the role's disruption budget refuses a second group, a paired
+rollout of multi-node prefill and decode (an operator kill mid-roll included) keeps every
+invariant and never binds a group partly, and scaling adds and removes whole groups, by the spec
+and by `kubectl scale pdrolescale`, the budget following the group count."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from typing import Any
 import pytest
 from builders import PDDBuilder, pdd
 from cluster.gangwatch import GangNodes, GangWatch, served_podgroup_version
-from cluster.kubehelpers import Cluster, install_crd, kubectl, wait_for
+from cluster.kubehelpers import (
+    Cluster,
+    budget_counted,
+    evict,
+    install_crd,
+    kubectl,
+    wait_for,
+)
 from kubernetes import client, config
 from localcluster import RACK_LABEL, LocalCluster
 from operator_harness import (
@@ -30,6 +38,7 @@ from operator_harness import (
 )
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
+from pdmtp.core import names
 from pdmtp.core.agreement import check
 from pdmtp.core.observe import engine_url, router_urls
 from pdmtp.core.revision import target_and_policy
@@ -144,13 +153,18 @@ def test_groups_serve_whole_recover_whole_roll_and_scale_by_groups(
         assert len({p["spec"]["schedulingGroup"]["podGroupName"] for p in members}) == 1
     _routed_leaders(cluster, namespace, "wide")
 
-    # (c) A worker deleted: its group is replaced whole (a new gang) and the router follows.
-    lost_group, members = sorted(decode.items())[0]
+    # (c) A worker evicted (a drain): its group is replaced whole (a new gang) and the router
+    #     follows. The role's budget counts pods of whole groups (the PDDeployment owns them,
+    #     which has no scale subresource: minAvailable, not maxUnavailable, core/budgets.py):
+    #     it allows one pod, so one group, and refuses a member of the other group meanwhile.
+    revision = obj["status"]["currentRevision"]
+    budget = names.disruption_budget("wide", revision, "decode")
+    assert budget_counted(cluster, namespace, budget, 1, 4).spec.min_available == 3
+    (lost_group, members), (_, others) = sorted(decode.items())
     worker = next(p for p in members if p["metadata"]["labels"][v.LABEL_GROUP_RANK] == "1")
-    client.CoreV1Api(cluster.api_client).delete_namespaced_pod(
-        worker["metadata"]["name"], namespace, grace_period_seconds=0
-    )
+    assert evict(cluster, namespace, worker["metadata"]["name"]) == 201
     started = time.monotonic()
+    assert evict(cluster, namespace, others[0]["metadata"]["name"]) == 429
 
     def replaced() -> bool:
         now = _groups(_raw_pods(cluster, namespace, "wide"), "decode")
@@ -229,6 +243,13 @@ def test_groups_serve_whole_recover_whole_roll_and_scale_by_groups(
     obj = wait_settled(cluster.api_client, namespace, "wide", 60)
     assert obj["status"]["decode"] == "1/1"
     _routed_leaders(cluster, namespace, "wide")
+    # The budget followed the group count; the retired revision's went with it.
+    budget = names.disruption_budget("wide", new_revision, "decode")
+    assert budget_counted(cluster, namespace, budget, 1, 2).spec.min_available == 1
+    live = client.PolicyV1Api(cluster.api_client).list_namespaced_pod_disruption_budget(namespace)
+    assert {b.metadata.name for b in live.items} == {
+        names.disruption_budget("wide", new_revision, role) for role in v.ENGINE_ROLES
+    }
 
 
 def _ready(pod: dict[str, Any]) -> bool:

@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, pod_ready, wait_for
 from kubernetes import client
@@ -26,9 +27,10 @@ from operator_harness import (
     wait_settled,
 )
 from pdmtp.api import vocabulary as v
-from pdmtp.cli import rendered_children
+from pdmtp.cli.render import rendered_children
 from pdmtp.core.agreement import check
 from pdmtp.core.revision import compat_revision, target_and_policy
+from replicas import LEASE_SECONDS, elected, leading, wait_leader
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "pdmtp.io_pddeployments.yaml"
@@ -77,10 +79,11 @@ def test_create_becomes_available_matching_render(
         assert c is not None and c["status"] == "True" and c["observedGeneration"] == 1
     assert condition(obj, "Degraded")["status"] == "False"  # type: ignore[index]
 
-    # The children are what `pdmtp render` prints (router args come from live pod IPs).
+    # The children are what `pdmtp render` prints (router args come from live pod IPs). A role's
+    # PodDisruptionBudget shares its Deployment's name, so children are keyed by kind and name.
     live = deployments(cluster.api_client, namespace)
     expected = {
-        c["metadata"]["name"]: c
+        (c["kind"], c["metadata"]["name"]): c
         for c in rendered_children(
             b.build().model_copy(
                 update={"metadata": b.build().metadata.model_copy(update={"namespace": namespace})}
@@ -89,18 +92,18 @@ def test_create_becomes_available_matching_render(
     }
     for role in ("prefill", "decode"):
         name = f"demo-{rev}-{role}"
-        want = expected[name]["spec"]["template"]["spec"]["containers"][0]
+        want = expected["Deployment", name]["spec"]["template"]["spec"]["containers"][0]
         got = live[name].spec.template.spec.containers[0]
         assert got.args == want["args"]
         assert {e.name for e in got.env} == {e["name"] for e in want["env"]}
-        assert live[name].spec.replicas == expected[name]["spec"]["replicas"]
+        assert live[name].spec.replicas == expected["Deployment", name]["spec"]["replicas"]
         assert live[name].metadata.owner_references[0].uid == obj["metadata"]["uid"]
     router = live[f"demo-{rev}-router"]
     assert router.spec.replicas == 1
     args = router.spec.template.spec.containers[0].args
     assert args.count("--prefill") == 2 and args.count("--decode") == 1
     svc = client.CoreV1Api(cluster.api_client).read_namespaced_service("demo", namespace)
-    assert svc.spec.selector == expected["demo"]["spec"]["selector"]
+    assert svc.spec.selector == expected["Service", "demo"]["spec"]["selector"]
     client.NetworkingV1Api(cluster.api_client).read_namespaced_network_policy("demo-pd", namespace)
 
     # Printer columns show real values.
@@ -323,12 +326,96 @@ def test_superseded_rollout_completes_to_the_last_spec(
     assert revisions_present(cluster.api_client, namespace) == {c_rev}
 
 
+def test_superseded_roll_of_three_decode_with_operator_kills_keeps_the_floor_clients_see(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Issue 31's dip: A -> B -> C with 3 decode pods, maxUnavailable 0, the operator killed
+    as C starts and again as B drains. The watcher counts only what a client can reach (Ready
+    pods of revisions whose router Deployment has replicas and a Ready pod). With the planner
+    before it counted the same, 1 of 3 runs here was red: the operator marked one of A's decode
+    pods leaving 60 ms after it scaled B's router to zero, B's router pod still Ready in its
+    view: "2 decode pods a client can reach, fewer than 3 (... A [2, 1, 1, 1], B [1, 1, 0, 1],
+    C [1, 1, 1, 1])"."""
+    b = ready_after(
+        pdd("dip")
+        .mtp(3, modules=4)
+        .prefill(replicas=1)
+        .decode(replicas=3)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3),
+        ms=1500,
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    wait_settled(cluster.api_client, namespace, "dip")
+    watcher = start_watcher(cluster, namespace, "dip", b)
+
+    def router_ready(rev: str) -> bool:
+        return any(
+            p.metadata.labels[v.LABEL_REVISION] == rev
+            and p.metadata.labels[v.LABEL_ROLE] == "router"
+            and pod_ready(p)
+            for p in pods(cluster.api_client, namespace)
+        )
+
+    def draining_or_gone(rev: str) -> bool:
+        router = deployments(cluster.api_client, namespace).get(f"dip-{rev}-router")
+        return router is None or v.ANNOTATION_DRAIN_UNTIL in (router.metadata.annotations or {})
+
+    b.mtp(2, modules=4)
+    b_rev = compat_revision(b.build().spec)
+    watcher.expect(b.build().spec)
+    patch_spec(cluster.api_client, namespace, "dip", b.dict()["spec"])
+    wait_for(lambda: router_ready(b_rev), "B serving", 60, interval=0.05)
+
+    b.mtp(4, modules=4)
+    c_rev = compat_revision(b.build().spec)
+    watcher.expect(b.build().spec)
+    patch_spec(cluster.api_client, namespace, "dip", b.dict()["spec"])
+    kill_points = [
+        (
+            "C's workloads created",
+            lambda: f"dip-{c_rev}-decode" in deployments(cluster.api_client, namespace),
+        ),
+        ("B draining (or gone)", lambda: draining_or_gone(b_rev)),
+    ]
+    for what, point in kill_points:
+        wait_for(point, what, 90, interval=0.05)
+        operator.kill()
+        time.sleep(random.uniform(0.5, 2.0))
+        operator.start()
+    obj = wait_settled(cluster.api_client, namespace, "dip", timeout=180)
+    watcher.stop()
+
+    assert operator.starts == 3
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+    assert obj["status"]["currentRevision"] == c_rev
+    assert revisions_present(cluster.api_client, namespace) == {c_rev}
+
+
 # ---- 6. restart safety -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("replicas", [1, 2], ids=["alone", "with-a-standby"])
 def test_operator_killed_mid_roll_finishes_it_after_restart(
-    cluster: Cluster, namespace: str, operator: OperatorProcess
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path, replicas: int
 ) -> None:
+    """Alone: each kill is a restart from what it observes. With a standby (two replicas
+    electing on a Lease), each kill is a failover: the standby leads once the lease runs out,
+    and the killed one comes back as the standby."""
+    if replicas == 1:
+        ops = [OperatorProcess(cluster.kubeconfig, [namespace], tmp_path / "operator.log")]
+    else:
+        ops = [elected(cluster.kubeconfig, namespace, tmp_path, f"op-{i}") for i in range(2)]
+    for op in ops:
+        op.start()
+    try:
+        _kill_mid_roll(cluster, namespace, ops)
+    finally:
+        for op in ops:
+            op.stop()
+            print(f"---- {op.log_path.name} ----\n" + op.log_tail(80))
+
+
+def _kill_mid_roll(cluster: Cluster, namespace: str, ops: list[OperatorProcess]) -> None:
     b = ready_after(
         pdd("crash")
         .mtp(3, modules=3)
@@ -371,15 +458,25 @@ def test_operator_killed_mid_roll_finishes_it_after_restart(
             ),
         ),
     ]
+    failovers = []
     for what, point in kill_points:
         wait_for(point, what, 60, interval=0.05)
-        operator.kill()
+        victim = ops[0] if len(ops) == 1 else wait_leader(ops)
+        victim.kill()
+        killed = time.monotonic()
+        if len(ops) > 1:
+            standby = next(op for op in ops if op is not victim)
+            wait_for(lambda s=standby: leading(s), "the standby leads", 30, interval=0.05)
+            failovers.append(time.monotonic() - killed)
         time.sleep(random.uniform(0.5, 2.0))
-        operator.start()
+        victim.start()
     obj = wait_settled(cluster.api_client, namespace, "crash", timeout=180)
     watcher.stop()
 
-    assert operator.starts == 4
+    if failovers:
+        print("failovers (s):", ", ".join(f"{s:.2f}" for s in failovers))
+        assert max(failovers) <= LEASE_SECONDS + 3
+    assert sum(op.starts for op in ops) == len(ops) + 3
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == new_rev
     assert revisions_present(cluster.api_client, namespace) == {new_rev}, "orphans left behind"

@@ -136,6 +136,53 @@ def test_an_engine_refusal_rolls_back_and_the_old_revision_keeps_its_floor(
     ] == compat_revision(b.build().spec)
 
 
+def test_a_decode_refusal_rolls_back_without_removing_a_serving_pod(
+    cluster: Cluster, namespace: str, operator: OperatorProcess
+) -> None:
+    """Issue 31's rollback finding, as reported: 1P/2D, maxUnavailable 0, the new decode pods
+    refusing their config. Every engine pod of the serving revision that was there before the
+    roll is there, never marked to leave, when the rollback is done; the watcher saw the floor
+    hold."""
+    b = ready_after(
+        pdd("back1p2d")
+        .mtp(3, modules=3)
+        .prefill(replicas=1)
+        .decode(replicas=2)
+        .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=2),
+        700,
+    )
+    create_pdd(cluster.api_client, namespace, b.dict())
+    old = wait_settled(cluster.api_client, namespace, "back1p2d")["status"]["currentRevision"]
+    core = client.CoreV1Api(cluster.api_client)
+
+    def serving_engines() -> dict[str, str]:
+        return {
+            p.metadata.uid: p.metadata.name
+            for p in core.list_namespaced_pod(namespace).items
+            if p.metadata.labels.get(v.LABEL_REVISION) == old
+            and p.metadata.labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES
+            and not p.metadata.deletion_timestamp
+            and v.ANNOTATION_LEAVING not in (p.metadata.annotations or {})
+        }
+
+    before = serving_engines()
+    assert len(before) == 3
+    watcher = watch(cluster, namespace, "back1p2d", b)
+    b.mtp(2, modules=3).decode(podAnnotations={READY_DELAY: "700", **REFUSE})
+    failed = compat_revision(b.build().spec)
+    watcher.expect(b.build().spec)
+    patch_spec(cluster.api_client, namespace, "back1p2d", b.dict()["spec"])
+    progressing(cluster, namespace, "back1p2d", "RolloutAborted", 90)
+    wait_for(
+        lambda: not [n for n in deployments(cluster, namespace) if failed in n],
+        "the failed revision's Deployments gone",
+        60,
+    )
+    watcher.stop()
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+    assert serving_engines() == before, "a pod of the serving revision was removed"
+
+
 def test_the_progress_deadline_fails_a_stalled_rollout_and_holds(
     cluster: Cluster, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -219,7 +266,7 @@ def test_a_canary_holds_at_its_share_until_promoted(
     assert held["status"] == "Unknown" and "50%" in held["message"]
     time.sleep(4)  # held means held
     assert progressing(cluster, namespace, "canary", "CanaryHold", 1)
-    # The README's `pdmtp rollout status demo --timeout 60` during the hold says why it waits.
+    # docs/guide.md's `pdmtp rollout status demo --timeout 60` during the hold says why it waits.
     waiting = cli(cluster, namespace, "status", "canary", "--timeout", "2")
     assert waiting.returncode == 1, waiting.stdout + waiting.stderr
     first_line = waiting.stdout.splitlines()[0]
@@ -233,6 +280,9 @@ def test_a_canary_holds_at_its_share_until_promoted(
     watcher.stop()
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert any(e.reason == "Promoted" for e in events(cluster, namespace, "canary"))
+    # The hold's share leaves the record with the hold (the status write clears nested fields).
+    record = get_pdd(cluster.api_client, namespace, "canary")["status"]["rollout"]
+    assert record["phase"] == "Complete" and "canaryTrafficPercent" not in record, record
 
 
 def test_a_scale_down_takes_pods_out_of_routing_before_it_removes_them(
@@ -322,7 +372,7 @@ def test_undo_returns_to_a_recorded_revision(
     done = cli(cluster, namespace, "undo", "undo", "--to-revision", "1")
     assert done.returncode == 0 and first in done.stdout, done.stderr
     assert back_at(cluster, namespace, first)["spec"]["speculative"]["numSpeculativeTokens"] == 3
-    # Without --to-revision: back to the previous one (the README's `pdmtp rollout undo demo`).
+    # Without --to-revision: back to the previous one (docs/guide.md's `pdmtp rollout undo demo`).
     done = cli(cluster, namespace, "undo", "undo")
     assert done.returncode == 0 and second in done.stdout, done.stdout + done.stderr
     assert back_at(cluster, namespace, second)["spec"]["speculative"]["numSpeculativeTokens"] == 2

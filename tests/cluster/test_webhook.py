@@ -10,8 +10,12 @@ import pytest
 from builders import pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
-from kubernetes.client.rest import ApiException
-from operator_harness import OperatorProcess, create_pdd, delete_webhook_configuration
+from operator_harness import (
+    OperatorProcess,
+    create_pdd,
+    delete_webhook_configuration,
+    refused_at_admission,
+)
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 
@@ -51,18 +55,13 @@ def test_incompatible_spec_is_refused_at_admission(
     assert hook.failure_policy == "Ignore"
     assert hook.client_config.url.startswith("https://127.0.0.1:")
 
-    def refused() -> str | None:
-        try:
-            create_pdd(cluster.api_client, namespace, pdd("bad").mtp(3).prefill(k=2).dict())
-        except ApiException as e:
-            return str(e.body)
-        # Admitted: the webhook was not called yet (config just written); undo and retry.
-        client.CustomObjectsApi(cluster.api_client).delete_namespaced_custom_object(
-            "pdmtp.io", "v1alpha1", namespace, "pddeployments", "bad"
-        )
-        return None
-
-    body = wait_for(refused, "the webhook to refuse", 30, interval=0.5)
+    # Admitted at first, maybe: the webhook is not called until its configuration is read.
+    body = wait_for(
+        lambda: refused_at_admission(cluster.api_client, namespace),
+        "the webhook to refuse",
+        30,
+        interval=0.5,
+    )
     assert "denied the request" in body and "MTPModulesUnknown" in body
     assert "spec.model.mtpModules" in body
     create_pdd(cluster.api_client, namespace, pdd("good").mtp(3, modules=3).prefill(k=3).dict())

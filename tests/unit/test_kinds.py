@@ -29,31 +29,45 @@ def rbac_docs() -> list[dict[str, Any]]:
 
 
 def rbac_problems(
-    docs: Iterable[dict[str, Any]], needed: frozenset[Grant] | None = None
+    docs: Iterable[dict[str, Any]],
+    needed: frozenset[Grant] | None = None,
+    home: frozenset[Grant] | None = None,
 ) -> list[str]:
-    """Where the roles in `docs` differ from what the table needs; empty when they match."""
-    needed = kinds.needed_grants() if needed is None else needed
-    granted: set[Grant] = set()
+    """Where the roles in `docs` differ from what the table needs: the ClusterRole from
+    `needed`, the Role in the operator's own namespace from `home`; empty when they match."""
+    wanted = {
+        "ClusterRole": kinds.needed_grants() if needed is None else needed,
+        "Role": kinds.home_grants() if home is None else home,
+    }
     problems = []
-    for doc in docs:
-        if doc.get("kind") not in ROLE_KINDS:
-            continue
-        for rule in doc.get("rules") or []:
-            # The table speaks of whole resources by group: anything finer or wider is a finding.
-            for key in ("resourceNames", "nonResourceURLs"):
-                if key in rule:
-                    problems.append(f"{key} in {rule}: not expressed by the table")
-            triples = [
-                (group, resource, verb)
-                for group in rule.get("apiGroups") or []
-                for resource in rule.get("resources") or []
-                for verb in rule.get("verbs") or []
-            ]
-            if any("*" in t for t in triples):
-                problems.append(f"wildcard in {rule}")
-            granted.update(triples)
-    problems += [f"grants {g}, which no row of the table needs" for g in sorted(granted - needed)]
-    problems += [f"misses {g}, which the table needs" for g in sorted(needed - granted)]
+    docs = list(docs)
+    for role_kind, needs in wanted.items():
+        granted: set[Grant] = set()
+        for doc in docs:
+            if doc.get("kind") != role_kind:
+                continue
+            for rule in doc.get("rules") or []:
+                # The table speaks of whole resources by group: anything finer or wider is a
+                # finding.
+                for key in ("resourceNames", "nonResourceURLs"):
+                    if key in rule:
+                        problems.append(f"{key} in {rule}: not expressed by the table")
+                triples = [
+                    (group, resource, verb)
+                    for group in rule.get("apiGroups") or []
+                    for resource in rule.get("resources") or []
+                    for verb in rule.get("verbs") or []
+                ]
+                if any("*" in t for t in triples):
+                    problems.append(f"wildcard in {rule}")
+                granted.update(triples)
+        problems += [
+            f"grants {g}, which no row of the table needs ({role_kind})"
+            for g in sorted(granted - needs)
+        ]
+        problems += [
+            f"misses {g}, which the table needs ({role_kind})" for g in sorted(needs - granted)
+        ]
     return problems
 
 
@@ -63,17 +77,23 @@ def test_rbac_grants_exactly_what_the_table_needs() -> None:
 
 def test_the_role_is_bound_to_the_operators_service_account() -> None:
     docs = rbac_docs()
-    (role,) = [d for d in docs if d["kind"] in ROLE_KINDS]
-    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
     (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": role["kind"],
-        "name": role["metadata"]["name"],
+    subject = {
+        "kind": "ServiceAccount",
+        **{k: account["metadata"][k] for k in ("name", "namespace")},
     }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", **{k: account["metadata"][k] for k in ("name", "namespace")}}
-    ]
+    for role_kind, binding_kind in (("ClusterRole", "ClusterRoleBinding"), ("Role", "RoleBinding")):
+        (role,) = [d for d in docs if d["kind"] == role_kind]
+        (binding,) = [d for d in docs if d["kind"] == binding_kind]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [subject]
+        if role_kind == "Role":  # the Lease lives in the operator's own namespace only
+            assert role["metadata"]["namespace"] == binding["metadata"]["namespace"]
+            assert role["metadata"]["namespace"] == account["metadata"]["namespace"]
     manifest = REPO / "deploy" / "operator" / "operator.yaml"
     operator = next(yaml.safe_load_all(manifest.read_text()))
     assert operator["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
@@ -107,6 +127,11 @@ def _add_secrets(docs: list[dict[str, Any]]) -> None:
     )
 
 
+def _drop_lease_update(docs: list[dict[str, Any]]) -> None:
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    role["rules"][0]["verbs"].remove("update")
+
+
 def _wildcard(docs: list[dict[str, Any]]) -> None:
     _rule(docs, "pods")["verbs"] = ["*"]
 
@@ -122,6 +147,7 @@ def _named(docs: list[dict[str, Any]]) -> None:
         (_add_verb, "grants ('', 'serviceaccounts', 'delete')"),
         (_drop_rule, "misses ('', 'events', 'create')"),
         (_add_secrets, "grants ('', 'secrets', 'get')"),
+        (_drop_lease_update, "misses ('coordination.k8s.io', 'leases', 'update')"),
         (_wildcard, "wildcard in"),
         (_named, "resourceNames in"),
     ],
@@ -140,8 +166,8 @@ def test_a_row_rbac_does_not_cover_is_caught() -> None:
     extra = kinds.Kind("ConfigMap", "", "v1", "configmaps", kinds.READ, watched=True)
     problems = rbac_problems(rbac_docs(), kinds.needed_grants() | extra.grants())
     assert problems == [
-        "misses ('', 'configmaps', 'list'), which the table needs",
-        "misses ('', 'configmaps', 'watch'), which the table needs",
+        "misses ('', 'configmaps', 'list'), which the table needs (ClusterRole)",
+        "misses ('', 'configmaps', 'watch'), which the table needs (ClusterRole)",
     ]
 
 

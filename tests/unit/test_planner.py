@@ -1,6 +1,7 @@
 """The rollout planner, tested by simulating whole rollouts and checking every invariant at every
 moment (`pdmtp.core.invariants`), over many shapes and policies, pods turning ready in random
-order, and rollouts superseded mid-way."""
+order, rollouts superseded mid-way, and an operator that plans again right after its own write,
+before the Deployment controller acts on it (`lag`)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,12 @@ def assert_only(sim: SimCluster, revision: str) -> None:
     policy=policies,
     seed=st.integers(0, 2**32),
     ready_chance=st.sampled_from([0.1, 0.5, 1.0]),
+    lag=st.booleans(),
 )
 def test_every_rollout_completes_holding_the_invariants(
-    start: Target, target: Target, policy: Policy, seed: int, ready_chance: float
+    start: Target, target: Target, policy: Policy, seed: int, ready_chance: float, lag: bool
 ) -> None:
-    sim = SimCluster.serving("aaaa", start)
+    sim = SimCluster.serving("aaaa", start, controller_lag=lag)
     trace = run(
         sim,
         InvariantMonitor(policy),
@@ -57,15 +59,26 @@ def test_every_rollout_completes_holding_the_invariants(
     policy=policies,
     seed=st.integers(0, 2**32),
     b_ticks=st.integers(0, 12),
+    lag=st.booleans(),
+    down=st.tuples(st.integers(0, 30), st.integers(0, 3)),
 )
 def test_superseded_rollouts_complete_to_the_last_target(
-    a: Target, b: Target, c: Target, policy: Policy, seed: int, b_ticks: int
+    a: Target,
+    b: Target,
+    c: Target,
+    policy: Policy,
+    seed: int,
+    b_ticks: int,
+    lag: bool,
+    down: tuple[int, int],
 ) -> None:
+    """`down`: the operator is down for a few ticks (killed, restarted) from some tick of the
+    B -> C roll."""
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     run(sim, monitor, b, rng, max_ticks=b_ticks)
-    trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS)
+    trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=dict([down]))
     assert trace.complete
     assert_only(sim, "cccc")
     assert not [s for _, _, s in trace.steps if s.blocked]
@@ -78,12 +91,13 @@ def test_superseded_rollouts_complete_to_the_last_target(
     policy=policies,
     seed=st.integers(0, 2**32),
     back_after=st.integers(0, 10),
+    lag=st.booleans(),
 )
 def test_rolling_back_mid_way_returns_to_the_old_revision(
-    a: Target, b: Target, policy: Policy, seed: int, back_after: int
+    a: Target, b: Target, policy: Policy, seed: int, back_after: int, lag: bool
 ) -> None:
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     run(sim, monitor, b, rng, max_ticks=back_after)
     assert run(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
@@ -256,12 +270,13 @@ def test_waiting_for_pods_is_progress_not_blocked() -> None:
     seed=st.integers(0, 2**32),
     pause_at=st.integers(0, 20),
     paused_for=st.integers(1, 15),
+    lag=st.booleans(),
 )
 def test_pause_at_any_step_freezes_then_resume_completes(
-    a: Target, b: Target, policy: Policy, seed: int, pause_at: int, paused_for: int
+    a: Target, b: Target, policy: Policy, seed: int, pause_at: int, paused_for: int, lag: bool
 ) -> None:
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     if run(sim, monitor, b, rng, max_ticks=pause_at).complete:
         return
@@ -284,12 +299,13 @@ def test_pause_at_any_step_freezes_then_resume_completes(
     policy=policies,
     seed=st.integers(0, 2**32),
     percent=st.integers(1, 99),
+    lag=st.booleans(),
 )
 def test_a_canary_holds_at_its_share_then_promotion_completes(
-    a: Target, b: Target, policy: Policy, seed: int, percent: int
+    a: Target, b: Target, policy: Policy, seed: int, percent: int, lag: bool
 ) -> None:
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     canary = replace(policy, canary_percent=percent)
     held = run(sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held")
@@ -339,14 +355,15 @@ def test_canary_routers_realise_the_share() -> None:
     policy=policies,
     seed=st.integers(0, 2**32),
     fail_after=st.integers(0, 25),
+    lag=st.booleans(),
 )
 def test_rollback_of_a_failing_revision_from_any_state_keeps_the_old_floor(
-    a: Target, b: Target, policy: Policy, seed: int, fail_after: int
+    a: Target, b: Target, policy: Policy, seed: int, fail_after: int, lag: bool
 ) -> None:
     """The new revision's engines never get ready (they refuse their config); the roll is
     rolled back at any tick: the old revision returns to its target, never below its floor."""
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a, failing={"bbbb"})
+    sim = SimCluster.serving("aaaa", a, failing={"bbbb"}, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     run(sim, monitor, b, rng, max_ticks=fail_after)
     rollback = replace(a, prefill=b.prefill, decode=b.decode, router=b.router)
@@ -364,12 +381,13 @@ def test_rollback_of_a_failing_revision_from_any_state_keeps_the_old_floor(
     at=st.integers(0, 25),
     prefill=replicas,
     decode=replicas,
+    lag=st.booleans(),
 )
 def test_scaling_mid_roll_is_honoured_without_restarting_it(
-    a: Target, b: Target, policy: Policy, seed: int, at: int, prefill: int, decode: int
+    a: Target, b: Target, policy: Policy, seed: int, at: int, prefill: int, decode: int, lag: bool
 ) -> None:
     rng = random.Random(seed)
-    sim = SimCluster.serving("aaaa", a)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     if run(sim, monitor, b, rng, max_ticks=at).complete:
         return

@@ -75,6 +75,8 @@ def test_create_renders_everything_and_waits_for_ready_pods() -> None:
     kinds = sorted(a.key.split("/")[0] for a in d.actions if isinstance(a, Apply))
     assert kinds == ["ControllerRevision"] + ["Deployment"] * 3 + [
         "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "Service",
         "ServiceAccount",
     ]

@@ -68,11 +68,16 @@ def render_with(tree: Path, sample: Path) -> list[dict[str, Any]]:
     return items
 
 
+WORKLOADS = frozenset({"Deployment", "Pod", "PodGroup"})
+"""The children that are or make pods. Any other child added or dropped by an upgrade (this
+tree's PodDisruptionBudgets) is written beside the pods and replaces none."""
+
+
 def differences(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[str]:
-    """What an upgrade would change in the pods: children gone or added (a Deployment's name
+    """What an upgrade would change in the pods: workloads gone or added (a Deployment's name
     carries its revision) and, per Deployment, its selector or pod template."""
-    by_key = {(o["kind"], o["metadata"]["name"]): o for o in old}
-    new_by_key = {(o["kind"], o["metadata"]["name"]): o for o in new}
+    by_key = {(o["kind"], o["metadata"]["name"]): o for o in old if o["kind"] in WORKLOADS}
+    new_by_key = {(o["kind"], o["metadata"]["name"]): o for o in new if o["kind"] in WORKLOADS}
     found = [f"only the previous release renders {k}" for k in sorted(by_key.keys() - new_by_key)]
     found += [f"only this tree renders {k}" for k in sorted(new_by_key.keys() - by_key)]
     for key in sorted(by_key.keys() & new_by_key.keys()):

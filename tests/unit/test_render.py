@@ -64,6 +64,8 @@ def test_names_are_deterministic_and_revisioned() -> None:
         f"Deployment/inkling-{rev}-prefill",
         f"Deployment/inkling-{rev}-decode",
         f"Deployment/inkling-{rev}-router",
+        f"PodDisruptionBudget/inkling-{rev}-prefill",
+        f"PodDisruptionBudget/inkling-{rev}-decode",
     }
     assert children(b) == children(b)
 

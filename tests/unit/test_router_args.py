@@ -21,7 +21,7 @@ from pdmtp.api.vocabulary import (
     ROUTER_POLICIES,
 )
 from pdmtp.core.observe import Membership, Prefill, name_of, revision_membership
-from pdmtp.core.router import router_args, static_router_args
+from pdmtp.core.router import ROUTER_HEALTH_FLAGS, router_args, static_router_args
 
 
 def pod(
@@ -72,6 +72,12 @@ def test_static_args_exact() -> None:
         "mooncake",
         "--worker-startup-check-interval",
         "1",
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--health-check-timeout-secs",
+        "2",
         "--policy",
         "power_of_two",
         "--prefill",
@@ -242,3 +248,41 @@ def test_never_pairs_across_revisions_and_is_order_independent(
     assert isinstance(again, Membership)
     assert (again.prefills, again.decodes, again.token) == (m.prefills, m.decodes, m.token)
     assert list(m.prefills) == sorted(m.prefills) and list(m.decodes) == sorted(m.decodes)
+
+
+def _flag(args: list[str], name: str) -> str:
+    assert args.count(name) == 1, args
+    return args[args.index(name) + 1]
+
+
+def test_every_router_drops_a_dead_engine_within_a_probe() -> None:
+    """Active health checks are 0.1.17's only P/D failover (tests/router/test_router_failover.py):
+    a probe every second, one failure drops a worker; the retry and circuit-breaker flags do
+    nothing on the P/D path and are not rendered."""
+    m = revision_membership(
+        [pod("198.51.100.1", "prefill"), pod("203.0.113.1", "decode")],
+        deployment_name="demo",
+        revision="r1",
+    )
+    for args in (
+        router_args(membership=m, policy="round_robin"),
+        static_router_args(
+            prefills=[("http://127.0.0.1:1", 2)],
+            decodes=["http://127.0.0.1:3"],
+            policy="random",
+            host="127.0.0.1",
+            port=4,
+            metrics_host="127.0.0.1",
+            metrics_port=5,
+        ),
+    ):
+        assert _flag(args, "--health-check-interval-secs") == "1"
+        assert _flag(args, "--health-failure-threshold") == "1"
+        # A live engine is dropped only if its /health stalls this long (one probe decides).
+        assert int(_flag(args, "--health-check-timeout-secs")) >= 2
+        assert not [a for a in args if a.startswith(("--retry-", "--cb-", "--disable-"))]
+    assert ROUTER_HEALTH_FLAGS[::2] == (
+        "--health-check-interval-secs",
+        "--health-failure-threshold",
+        "--health-check-timeout-secs",
+    )

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from pdmtp.api import vocabulary as v
 
-Verb = Literal["list", "watch", "create", "patch", "delete"]
+Verb = Literal["get", "list", "watch", "create", "update", "patch", "delete"]
 Grant = tuple[str, str, str]
 """One RBAC permission: (apiGroup, resource, verb)."""
 
@@ -34,6 +34,8 @@ class Kind:
     """Listed and watched into the child cache (objects labelled managed-by pdmtp)."""
     status_verbs: frozenset[Verb] = frozenset()
     """What it does with the status subresource."""
+    home: bool = False
+    """Lives in the operator's own namespace only (a Role there grants it, not the ClusterRole)."""
     optional: bool = False
     """Its CRD may be missing (an install that predates it): the cache then holds none of it
     rather than wait for it, and writing one is refused (reported in status)."""
@@ -109,8 +111,21 @@ POD_GROUP: Final = Kind(
 """A multi-node group's gang (the Workload API): created with its pods, deleted with them. The
 version is the newest the API server serves (`controller` discovers it); a cluster without the
 API holds none."""
+DISRUPTION_BUDGET: Final = Kind(
+    v.DISRUPTION_BUDGET_KIND, "policy", "v1", "poddisruptionbudgets", OWN, watched=True
+)
+"""A (revision, engine role)'s PodDisruptionBudget (`core.budgets`): applied, watched so an edited
+or deleted one is restored, deleted with its revision."""
+NODE: Final = Kind("Node", "", "v1", "nodes", READ, namespaced=False)
+"""Nodes, listed and watched (every one) for cordons: a drain's engine pods are moved off first
+(`core.evacuation`)."""
 EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
 """Events about PDDeployments, posted only."""
+LEASE: Final = Kind(
+    "Lease", "coordination.k8s.io", "v1", "leases", _verbs("get", "create", "update"), home=True
+)
+"""The leader election's Lease (`pdmtp.election`): read, created once, renewed by replacing it
+over its resourceVersion; in the operator's own namespace."""
 PDDEPLOYMENT: Final = Kind(v.KIND, v.GROUP, v.VERSION, v.PLURAL, READ, status_verbs=_verbs("patch"))
 """The objects it reconciles: every one listed and watched by reflectors of their own (not the
 labelled child cache), status written back."""
@@ -124,7 +139,10 @@ KINDS: Final = (
     CONTROLLER_REVISION,
     ROLE_SCALE,
     POD_GROUP,
+    DISRUPTION_BUDGET,
+    NODE,
     EVENT,
+    LEASE,
     PDDEPLOYMENT,
 )
 WATCHED: Final = tuple(k for k in KINDS if k.watched)
@@ -145,5 +163,11 @@ KOPF: Final = (
 
 
 def needed_grants() -> frozenset[Grant]:
-    """Every permission the operator's ServiceAccount needs, and nothing else."""
-    return frozenset(g for k in (*KINDS, *KOPF) for g in k.grants())
+    """Every permission the operator's ServiceAccount needs in the namespaces it serves (its
+    ClusterRole), and nothing else."""
+    return frozenset(g for k in (*KINDS, *KOPF) if not k.home for g in k.grants())
+
+
+def home_grants() -> frozenset[Grant]:
+    """What it needs in its own namespace only (a Role there): the leader Lease."""
+    return frozenset(g for k in KINDS if k.home for g in k.grants())

@@ -1,9 +1,11 @@
 """Condition types and the reasons of conditions and events: the one vocabulary status, events,
 `pdmtp validate` and the webhook speak.
 
-Every reason is registered with what it belongs to (a condition type, or `EVENT`) and what it
-means; docs/api-reference.md is generated from that table (`REASONS`), so a reason added here
-appears there (and the drift test fails until the reference is regenerated).
+Every reason is registered with what it belongs to (a condition type, or `EVENT`), what it
+means, and, where it reports a problem, what an operator of the cluster sees and what to do about
+it. docs/api-reference.md is generated from that table (`REASONS`), and so is the README's
+troubleshooting table (`pdmtp.api.readme`): a reason added here appears in both (and the drift
+tests fail until they are regenerated).
 """
 
 from dataclasses import dataclass
@@ -21,20 +23,35 @@ EVENT: Final = "Event"
 
 @dataclass(frozen=True)
 class Reason:
-    """A reason, what it belongs to (a condition type or EVENT) and what it means."""
+    """A reason, what it belongs to (a condition type or EVENT) and what it means.
+
+    `symptom` (what someone looking at the cluster notices) and `action` (what to do) are set
+    for reasons that report a problem and empty for those that say all is well or only record
+    the operator's work."""
 
     name: str
     belongs_to: str
     meaning: str
+    symptom: str = ""
+    action: str = ""
 
 
 REASONS: list[Reason] = []
 """Every reason, in the order registered (the reference lists them in this order)."""
 
 
-def _reason(belongs_to: str, name: str, meaning: str) -> str:
-    REASONS.append(Reason(name, belongs_to, meaning))
+def _reason(
+    belongs_to: str, name: str, meaning: str, *, symptom: str = "", action: str = ""
+) -> str:
+    REASONS.append(Reason(name, belongs_to, meaning, symptom, action))
     return name
+
+
+_NOTHING_STARTS = "A spec change starts no rollout; the serving revision keeps serving"
+_READ_WAITING_FOR = (
+    "Read `status.waitingFor` and the Progressing message: they name each pod that is not "
+    "Ready and why (unschedulable, image pull, a missing Secret, a crash loop)"
+)
 
 
 # ConfigCompatible.
@@ -42,48 +59,83 @@ COMPATIBLE: Final = _reason(
     CONFIG_COMPATIBLE, "Compatible", "Both roles derive the same lookahead; every rule holds."
 )
 LOOKAHEAD_MISMATCH: Final = _reason(
-    CONFIG_COMPATIBLE, "LookaheadMismatch", "The roles derive different prefill lookaheads."
+    CONFIG_COMPATIBLE,
+    "LookaheadMismatch",
+    "The roles derive different prefill lookaheads.",
+    symptom=_NOTHING_STARTS,
+    action=(
+        "Make both roles derive one lookahead: the same numSpeculativeTokens, or "
+        "spec.model.mtpModules declared; `pdmtp validate FILE` prints each role's"
+    ),
 )
 MTP_MODULES_UNKNOWN: Final = _reason(
     CONFIG_COMPATIBLE,
     "MTPModulesUnknown",
     "The roles' numSpeculativeTokens differ and spec.model.mtpModules is not declared.",
+    symptom=_NOTHING_STARTS,
+    action=(
+        "Declare spec.model.mtpModules (the checkpoint's num_nextn_predict_layers), or give both "
+        "roles the same numSpeculativeTokens"
+    ),
 )
 TENSOR_PARALLEL_INDIVISIBLE: Final = _reason(
     CONFIG_COMPATIBLE,
     "TensorParallelIndivisible",
     "The roles' tensor-parallel sizes do not divide one another.",
+    symptom=_NOTHING_STARTS,
+    action="Choose tensorParallelSize values of which one divides the other (prefill 8, decode 4)",
 )
 MAX_MODEL_LEN_MISMATCH: Final = _reason(
     CONFIG_COMPATIBLE,
     "MaxModelLenMismatch",
     "The decode's context is shorter than the prefill's.",
+    symptom=_NOTHING_STARTS,
+    action="Give the decode an engine.maxModelLen at least the prefill's",
 )
 OWNED_FLAG_IN_EXTRA_ARGS: Final = _reason(
-    CONFIG_COMPATIBLE, "OwnedFlagInExtraArgs", "extraArgs set a flag a typed field owns."
+    CONFIG_COMPATIBLE,
+    "OwnedFlagInExtraArgs",
+    "extraArgs set a flag a typed field owns.",
+    symptom=_NOTHING_STARTS,
+    action="Remove the flag from extraArgs and set the typed field the message names",
 )
 SPECULATIVE_OVERRIDE_WITHOUT_METHOD: Final = _reason(
     CONFIG_COMPATIBLE,
     "SpeculativeOverrideWithoutMethod",
     "A role overrides spec.speculative, which is not set.",
+    symptom=_NOTHING_STARTS,
+    action="Set spec.speculative, or drop the role's speculative override",
 )
 RDMA_DEVICES_MISSING: Final = _reason(
-    CONFIG_COMPATIBLE, "RDMADevicesMissing", "Protocol rdma without spec.kvTransfer.deviceNames."
+    CONFIG_COMPATIBLE,
+    "RDMADevicesMissing",
+    "Protocol rdma without spec.kvTransfer.deviceNames.",
+    symptom=_NOTHING_STARTS,
+    action=(
+        "List the RDMA devices in spec.kvTransfer.deviceNames (per role in "
+        "spec.<role>.kvTransfer), or use protocol tcp"
+    ),
 )
 DRAFT_MODEL_MISSING: Final = _reason(
     CONFIG_COMPATIBLE,
     "DraftModelMissing",
     "A method that drafts with a separate model has no spec.speculative.draftModel.",
+    symptom=_NOTHING_STARTS,
+    action="Set spec.speculative.draftModel",
 )
 SPECULATIVE_TOKENS_INDIVISIBLE: Final = _reason(
     CONFIG_COMPATIBLE,
     "SpeculativeTokensIndivisible",
     "numSpeculativeTokens exceeds mtpModules without being a multiple of it (vLLM refuses).",
+    symptom=_NOTHING_STARTS,
+    action="Make numSpeculativeTokens at most mtpModules, or a multiple of it",
 )
 INVALID_SPEC: Final = _reason(
     CONFIG_COMPATIBLE,
     "InvalidSpec",
     "The object does not parse as a PDDeployment (types, bounds, unknown fields).",
+    symptom="The object is stored but nothing is reconciled",
+    action="Fix the field the message names; `pdmtp validate FILE` gives the same verdict offline",
 )
 
 # Available.
@@ -96,16 +148,28 @@ MINIMUM_REPLICAS_UNAVAILABLE: Final = _reason(
     AVAILABLE,
     "MinimumReplicasUnavailable",
     "A revision serves, but with fewer ready pods than the floor.",
+    symptom="Serving, but with fewer ready pods than replicas - maxUnavailable",
+    action=_READ_WAITING_FOR,
 )
 NO_SERVING_REVISION: Final = _reason(
     AVAILABLE,
     "NoServingRevision",
     "No revision has a ready router with a ready prefill and decode.",
+    symptom="Requests fail or hang: nothing serves",
+    action=_READ_WAITING_FOR + "; a first rollout also waits for image pulls and model loading",
 )
 
 # Progressing.
 ROLLOUT_IN_PROGRESS: Final = _reason(
-    PROGRESSING, "RolloutInProgress", "A paired rollout or a scale is under way."
+    PROGRESSING,
+    "RolloutInProgress",
+    "A paired rollout or a scale is under way; the message names what it waits for, if anything "
+    "(status.waitingFor).",
+    symptom="A rollout or a scale is running",
+    action=(
+        "Nothing unless it lasts: `pdmtp rollout status NAME` waits for it and says what it waits"
+        " for"
+    ),
 )
 ROLLOUT_COMPLETE: Final = _reason(
     PROGRESSING,
@@ -116,46 +180,89 @@ ROLLOUT_BLOCKED: Final = _reason(
     PROGRESSING,
     "RolloutBlocked",
     "No step can make progress (an incompatible spec, or a policy that allows no move).",
+    symptom="The rollout stops with no step it may take (a Warning event)",
+    action=(
+        "Fix what ConfigCompatible reports, or give the rollout room: maxSurge or maxUnavailable "
+        "above 0"
+    ),
 )
 PODS_UNSCHEDULABLE: Final = _reason(
-    PROGRESSING, "PodsUnschedulable", "The scheduler cannot place the update revision's pods."
+    PROGRESSING,
+    "PodsUnschedulable",
+    "The scheduler cannot place pods of the update revision (engines or its router); the message "
+    "names them with the scheduler's reason.",
+    symptom="New pods stay Pending",
+    action=(
+        "The message quotes the scheduler: free GPUs or fix nodeSelector, affinity and taints; on"
+        " a full cluster roll with maxSurge: 0 and maxUnavailable: 1"
+    ),
 )
 PAUSED: Final = _reason(
-    PROGRESSING, "Paused", "spec.rollout.paused: the rollout is frozen (status Unknown)."
+    PROGRESSING,
+    "Paused",
+    "spec.rollout.paused: the rollout is frozen (status Unknown).",
+    symptom="Progressing=Unknown and nothing moves",
+    action="`pdmtp rollout resume NAME` when you want it to go on",
 )
 CANARY_HOLD: Final = _reason(
     PROGRESSING,
     "CanaryHold",
-    "The new revision serves its canary share next to the old one; promote it (status Unknown).",
+    "The new revision serves its canary share next to the old one; promote it (status Unknown). "
+    "The message names what the hold still waits for (a router or engine pod not Ready), if "
+    "anything.",
+    symptom="The new revision serves its share and waits",
+    action=(
+        "Judge the canary, then `pdmtp rollout promote NAME` to go on or `pdmtp rollout undo "
+        "NAME` to go back"
+    ),
 )
 PROGRESS_DEADLINE_EXCEEDED: Final = _reason(
     PROGRESSING,
     "ProgressDeadlineExceeded",
     "No progress for spec.rollout.progressDeadlineSeconds; the message says what it waits for.",
+    symptom="A rollout stuck for progressDeadlineSeconds (onFailure: Hold; a Warning event)",
+    action=_READ_WAITING_FOR + "; fix it and the rollout goes on, or `pdmtp rollout undo NAME`",
 )
 ROLLOUT_FAILED: Final = _reason(
     PROGRESSING,
     "RolloutFailed",
     "The new revision failed (an engine refused its config or crash-loops) and onFailure is "
     "Hold, or nothing older serves: the rollout stays where it is.",
+    symptom=(
+        "The new revision's engines refuse to start or crash-loop; the rollout holds (a Warning "
+        "event)"
+    ),
+    action=(
+        "Read Degraded's message (the launcher's reason) and the pods' previous logs; apply a "
+        "fixed spec, or `pdmtp rollout undo NAME`"
+    ),
 )
 ROLLOUT_ABORTED: Final = _reason(
     PROGRESSING,
     "RolloutAborted",
     "The rollout to the spec's revision was rolled back (see Degraded); a new spec change "
     "starts a new rollout.",
+    symptom="The spec's revision is not the one serving",
+    action="See Degraded (RolledBack): apply a fixed spec to try again",
 )
 CHILD_REJECTED: Final = _reason(
     PROGRESSING,
     "ChildRejected",
     "The API server refused a write to a child (admission policy, quota, invalid object, a "
     "persisting conflict); the message is the server's. Cleared by the next write that passes.",
+    symptom="A child is missing or stale; a Warning event quotes the API server",
+    action=(
+        "Fix what the server names (an admission policy, a quota, a field); `pdmtp validate "
+        "--server FILE` or the webhook catch it before an apply"
+    ),
 )
 PODS_REJECTED: Final = _reason(
     PROGRESSING,
     "PodsRejected",
     "A child Deployment cannot create its pods (ReplicaFailure: quota, admission); the message "
     "is the server's.",
+    symptom="A Deployment has fewer pods than it wants (a Warning event)",
+    action="Raise the ResourceQuota, or relax the admission policy, that the message names",
 )
 
 # Degraded.
@@ -166,15 +273,32 @@ ENGINE_REFUSED_CONFIG: Final = _reason(
     DEGRADED,
     "EngineRefusedConfig",
     "The engine launcher refused its configuration (exit 3, reason in the message).",
+    symptom="Engine pods exit 3 at start",
+    action=(
+        "The message says what differs from what the operator expects (lookahead, backoff, "
+        "connector, kv_role): an image without pdmtp's launcher and connector, or extraArgs that "
+        "change the speculative config"
+    ),
 )
 ENGINE_TERMINATED: Final = _reason(
-    DEGRADED, "EngineTerminated", "An engine container ended with an error and a message."
+    DEGRADED,
+    "EngineTerminated",
+    "An engine container ended with an error and a message.",
+    symptom="An engine container ended with an error",
+    action=(
+        "The message is its termination message; read the pod's previous log and its node's events"
+    ),
 )
 ROLLED_BACK: Final = _reason(
     DEGRADED,
     "RolledBack",
     "The new revision failed and was scaled away; the old one serves. The spec is unchanged: a "
     "new spec change starts a new rollout.",
+    symptom="A rollout went back by itself; the old revision serves (a Warning event)",
+    action=(
+        "The message carries the failure (the launcher's reason, a crash loop, the deadline); fix"
+        " the spec and apply it again: it was not rewritten"
+    ),
 )
 
 WORKLOAD_API_UNAVAILABLE: Final = _reason(
@@ -183,6 +307,8 @@ WORKLOAD_API_UNAVAILABLE: Final = _reason(
     "A role spans nodes (multiNode) but the API server does not serve the Workload API "
     "(scheduling.k8s.io PodGroup) that gang-schedules its groups: nothing is created for the "
     "spec (a half-placed group would hold GPUs and serve nothing); serving pods are left alone.",
+    symptom="A multi-node PDDeployment has no pods",
+    action="Serve the Workload API (see Prerequisites), or drop multiNode",
 )
 
 # Events (besides a condition's reason, which its transitions are posted under).
@@ -192,6 +318,11 @@ UPDATED: Final = _reason(
     "Updated",
     "A child's owned fields were set back to what the spec renders (the message lists them): a "
     "spec change, or a foreign edit reverted.",
+    symptom="Updated events that no spec change explains",
+    action=(
+        "Something else edits the operator's children (a person, another controller, a mutating "
+        "webhook) and is reverted: find it in the child's managedFields"
+    ),
 )
 SCALED: Final = _reason(EVENT, "Scaled", "An old revision's Deployment was scaled.")
 POD_LEAVING: Final = _reason(
@@ -207,15 +338,37 @@ REVISION_RETIRED: Final = _reason(
     EVENT, "RevisionRetired", "A drained revision's workloads were deleted."
 )
 ROLLBACK_STARTED: Final = _reason(
-    EVENT, "RollbackStarted", "The new revision failed: rolling back to the old one (a Warning)."
+    EVENT,
+    "RollbackStarted",
+    "The new revision failed: rolling back to the old one (a Warning).",
+    symptom="A rollout turns back",
+    action="See RolledBack",
 )
 GROUP_REMOVED: Final = _reason(
     EVENT,
     "GroupRemoved",
     "A multi-node group was deleted whole: a scale-down, or a member failed or went away (vLLM's "
     "ranks cannot rejoin a running engine; a new group takes its place).",
+    symptom="A multi-node group was replaced whole",
+    action=(
+        "Expected on a scale-down; otherwise a member failed: read its node's events and the "
+        "pod's previous log"
+    ),
 )
 PROMOTED: Final = _reason(EVENT, "Promoted", "A canary revision was promoted; the rollout goes on.")
+STALLED: Final = _reason(
+    EVENT,
+    "Stalled",
+    "A rollout, canary hold or scale started waiting on something that will not resolve by "
+    "itself: a pod the scheduler cannot place, an image it cannot pull, a container that cannot "
+    "start or crash-loops, a disruption budget over a stuck role (a Warning, once per new "
+    "object and reason; the message names them).",
+    symptom="A rollout, canary hold or scale waits (a Warning event)",
+    action=(
+        "The message names the pod and why: place it (resources, taints), fix the image or the "
+        "missing Secret, or let the disruption budget's role become Ready"
+    ),
+)
 AUTOSCALED_UP: Final = _reason(
     EVENT, "AutoscaledUp", "The autoscaler raised a role's desired count (the reason says why)."
 )

@@ -108,6 +108,47 @@ class RolloutStatus(Model):
     )
 
 
+WaitReason = Literal[
+    "Unschedulable",
+    "ImagePull",
+    "ContainerError",
+    "CrashLoop",
+    "DisruptionBudget",
+    "Starting",
+    "NotReady",
+    "ListedByRouter",
+    "Draining",
+]
+"""Why a step waits for an object; in the order facts are named (after the stuck ones)."""
+
+
+class WaitStatus(Model):
+    """One object the unfinished step (a roll, a canary hold, a scale, a removal, a drain) waits
+    for, and why."""
+
+    object: str = Field(description="`Kind/name`: a Pod, a PodDisruptionBudget, a Deployment.")
+    revision: str = Field(default="", description="Its revision.")
+    role: str = Field(default="", description="Its role (prefill, decode or router).")
+    reason: WaitReason = Field(
+        description=(
+            "Unschedulable (the scheduler's message), ImagePull, ContainerError (a container "
+            "that cannot start: config, secret), CrashLoop, DisruptionBudget (a budget that "
+            "allows no eviction of its Ready pods while one is on a cordoned node: a drain "
+            "waits), Starting (Pending), NotReady (running, not Ready yet), ListedByRouter "
+            "(leaving, still listed by its routers: the removal gate), Draining (traffic "
+            "stopped, drainSeconds running)."
+        )
+    )
+    message: str = Field(default="", max_length=1024, description="Why, in words.")
+    stuck: bool = Field(
+        default=False,
+        description=(
+            "It will not resolve by itself (capacity, an image, a config, a crash loop, a "
+            "budget over a stuck role): posted as a Stalled Warning event when it first appears."
+        ),
+    )
+
+
 class SignalValue(Model):
     """One signal as the last evaluation read it."""
 
@@ -116,7 +157,7 @@ class SignalValue(Model):
     target: float = Field(description="The target used (MTP-adjusted for decode tokens).")
     desired: int | None = Field(default=None, description="The count it asked for; unset: no vote.")
     coverage: Literal["full", "partial", "missing", "quiet"] = Field(
-        description="How many Ready pods reported it: full (a quorum), partial, missing, quiet."
+        description="How many Ready pods reported it: full (all), partial, missing, quiet."
     )
 
 
@@ -201,6 +242,15 @@ class PDDeploymentStatus(Model):
     roles: list[RoleStatus] = Field(default_factory=list, description="Per-role pod counts.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="The autoscaler's decisions (with spec.autoscaling)."
+    )
+    waiting_for: list[WaitStatus] | None = Field(
+        default=None,
+        max_length=10,
+        description=(
+            "While a rollout, a canary hold or a scale is unfinished: what it waits for, across "
+            "all revisions and roles (routers too), stuck first; at most 10 (the Progressing "
+            "condition names the first 3 and counts the rest). Unset when nothing waits."
+        ),
     )
     revisions: list[RevisionStatus] = Field(
         default_factory=list, description="Revisions that have workloads, newest last."

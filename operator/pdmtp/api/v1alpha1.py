@@ -527,6 +527,22 @@ class CanarySpec(Model):
     )
 
 
+class DisruptionBudgetSpec(Model):
+    """The PodDisruptionBudget of each (revision, engine role): voluntary disruptions only."""
+
+    max_unavailable: int = Field(
+        ge=1,
+        le=1000,
+        description=(
+            "Pods per role and revision that voluntary disruptions (a node drain's evictions) "
+            "may take at once; for a multi-node role, pods of at most this many groups. At "
+            "least 1 (unset, a role that may surge allows none and the operator moves a "
+            "cordoned node's pods itself). The operator's own rollouts, scale-downs and "
+            "rollbacks delete pods and are never held by it."
+        ),
+    )
+
+
 class RolloutSpec(Model):
     """How a paired (both roles) or role-local rollout proceeds."""
 
@@ -579,6 +595,17 @@ class RolloutSpec(Model):
     canary: CanarySpec | None = Field(
         default=None,
         description="Hold the rollout at a share of the new revision until it is promoted.",
+    )
+    disruption_budget: DisruptionBudgetSpec | None = Field(
+        default=None,
+        description=(
+            "Each (revision, engine role) gets a PodDisruptionBudget. Unset: with maxSurge >= 1 "
+            "it allows no eviction, and the operator moves the engine pods off a cordoned node "
+            "itself, replacement first, out of the routers before they stop (a drain waits for "
+            "it); with maxSurge 0, or for a multi-node role, it allows maxUnavailable, at least "
+            "1 (one pod or group per role and revision at a time). Set, drains evict that many "
+            "at once. Changing it rolls nothing."
+        ),
     )
 
 

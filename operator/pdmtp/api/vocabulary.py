@@ -129,6 +129,12 @@ WORKLOAD_API_VERSIONS: Final[tuple[str, ...]] = ("v1beta1", "v1alpha2")
 POD_GROUP_KIND: Final = "PodGroup"
 POD_GROUP_PLURAL: Final = "podgroups"
 
+DISRUPTION_BUDGET_KIND: Final = "PodDisruptionBudget"
+"""policy/v1: one per (revision, engine role), rendered by `core.budgets`."""
+UNHEALTHY_POD_EVICTION_POLICY: Final = "AlwaysAllow"
+"""A budget's unhealthyPodEvictionPolicy: an engine that is not Ready serves nothing, so evicting
+it never costs capacity, and a crash-looping new revision must not hold a drain."""
+
 # Defaults the API applies (the CRD's defaults are generated from the model, which reads these).
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default; also what vllm-router assumes when given none."""

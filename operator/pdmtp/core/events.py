@@ -10,10 +10,10 @@ from collections.abc import Collection, Mapping, Sequence
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.status import Condition
+from pdmtp.api.status import Condition, WaitStatus
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Scale
 from pdmtp.core.conditions import Transition
-from pdmtp.core.observe import format_time
+from pdmtp.core.observe import describe, format_time
 from pdmtp.core.planner import RevisionState, Step
 from pdmtp.core.rollout import Steering
 
@@ -43,6 +43,17 @@ def condition_events(
         if (was.reason, was.message) != (c.reason, c.message):
             events.append(Event("Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
     return events
+
+
+def stall_events(old: Sequence[WaitStatus] | None, new: Sequence[WaitStatus] | None) -> list[Event]:
+    """A Warning when the unfinished step starts waiting on something stuck it did not wait on
+    at the last status write (status.waitingFor, old against new): each (object, reason) is posted
+    when it appears, not at every reconcile, and again only after it cleared."""
+    before = {(w.object, w.reason) for w in old or () if w.stuck}
+    fresh = [w for w in new or () if w.stuck and (w.object, w.reason) not in before]
+    if not fresh:
+        return []
+    return [Event("Warning", reasons.STALLED, f"Waiting for {describe(fresh)}")]
 
 
 def rollout_events(steering: Steering) -> list[Event]:

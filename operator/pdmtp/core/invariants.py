@@ -6,7 +6,9 @@ feeds it every watch event of a real rollout (its snapshots go through `observe`
 
 1. a router lists only its own revision's engines (`foreign_routes`, over rendered routers);
 2. a revision takes traffic only with a ready prefill and a ready decode;
-3. ready serving pods per role stay >= the floor, all pods per role <= target + maxSurge;
+3. pods a client can reach per role stay >= the floor (Ready, not leaving, in a revision whose
+   router Deployment has replicas and a Ready router pod: `RevisionState.reachable`), all pods
+   per role <= target + maxSurge;
 4. an old revision's engine pods start terminating only drainSeconds after its traffic stopped;
 5. on a superseded roll (A -> B -> C) the most established revision (A) serves longest;
 8. an engine pod starts terminating only once no router pod of its revision lists it (scale-down,
@@ -25,7 +27,14 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.observe import engine_url, labels_of, router_urls
-from pdmtp.core.planner import Policy, RevisionState, Target, availability_floor, establishment
+from pdmtp.core.planner import (
+    Policy,
+    RevisionState,
+    Target,
+    availability_floor,
+    establishment,
+    reachable_ready,
+)
 
 
 @dataclass(frozen=True)
@@ -49,10 +58,6 @@ class Moment:
     listed: Mapping[str, frozenset[str]] | None = None
     """Per revision, the engines its router pods (terminating ones too) list, by the same names
     as `terminating` uses; None where the observer cannot tell (invariant 8 is not checked)."""
-
-
-def _serving_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
-    return sum(s.role(role).ready for s in states if s.serving)
 
 
 @dataclass
@@ -80,7 +85,7 @@ class InvariantMonitor:
         floor = availability_floor(target, self.policy)
         for role in v.ENGINE_ROLES:
             pods = sum(s.role(role).pods for s in states)
-            self.min_available[role] = min(floor[role], _serving_ready(states, role))
+            self.min_available[role] = min(floor[role], reachable_ready(states, role))
             self.max_pods[role] = max(target.replicas(role) + self.policy.max_surge, pods)
         olds = [s for s in states if s.revision != target.revision and s.serving]
         self.anchor = max(olds, key=establishment).revision if olds else None
@@ -144,12 +149,12 @@ class InvariantMonitor:
             self.superseded = False
         out = []
         for role in v.ENGINE_ROLES:
-            ready = _serving_ready(moment.states, role)
+            ready = reachable_ready(moment.states, role)
             pods = sum(s.role(role).pods for s in moment.states)
             if ready < self.min_available[role]:
                 out.append(
-                    f"invariant 3 {where}: {ready} ready serving {role} pods, "
-                    f"fewer than {self.min_available[role]}"
+                    f"invariant 3 {where}: {ready} {role} pods a client can reach, fewer than "
+                    f"{self.min_available[role]} ({_per_revision(moment.states, role)})"
                 )
             # The planner's documented exception: a wedged superseded roll (two routed old
             # revisions) may get one pod beyond maxSurge until the old revisions are gone.
@@ -195,6 +200,17 @@ class InvariantMonitor:
                 f"while {', '.join(others)} still serve"
             ]
         return []
+
+
+def _per_revision(states: Iterable[RevisionState], role: EngineRole) -> str:
+    """Each revision's [pods, Ready, router replicas, Ready router pods], for a floor violation:
+    the router's replicas as its Deployment has them (a parked router's are 0)."""
+    counts = ", ".join(
+        f"{s.revision} [{s.role(role).pods}, {s.role(role).ready}, "
+        f"{0 if s.router_parked else s.router.replicas}, {s.router.ready}]"
+        for s in states
+    )
+    return f"per revision [{role} pods, Ready, router replicas, Ready routers]: {counts}"
 
 
 def foreign_routes(

@@ -9,6 +9,11 @@ def workload(name: str, revision: str, role: Role) -> str:
     return f"{name}-{revision}-{role}"
 
 
+def disruption_budget(name: str, revision: str, role: Role) -> str:
+    """The PodDisruptionBudget of one (revision, engine role): its workload's name."""
+    return workload(name, revision, role)
+
+
 def group(name: str, revision: str, role: Role, group_id: str) -> str:
     """The PodGroup of one multi-node replica: `<name>-<revision>-<role>-<group id>`."""
     return f"{workload(name, revision, role)}-{group_id}"

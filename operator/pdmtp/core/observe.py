@@ -11,17 +11,20 @@ surge ceiling counts them) and a Deployment's status lags its pods.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, get_args
 
 from pdmtp.api import vocabulary as v
+from pdmtp.api.status import WaitReason
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.planner import RevisionState, RoleState
-from pdmtp.core.removal import EnginePod, RouterPod, listed_urls
+from pdmtp.core.removal import EnginePod, RouterPod, Waiting, listed_urls
 
 Obj = Mapping[str, Any]
+RoleKey = tuple[str, str]
+"""(revision, role)."""
 MEMBERSHIP_TOKEN_LENGTH = 16
 
 
@@ -162,12 +165,22 @@ def rejected_pods(deployments: Iterable[Obj]) -> list[PodIssue]:
 # ---- the planner's view ---------------------------------------------------------------------
 
 
+def _parked_replicas(deployment: Obj) -> int:
+    """The replicas the planner asked of a router held at zero (render.router_deployment)."""
+    parked = annotations_of(deployment).get(v.ANNOTATION_ROUTER_PARKED, "")
+    return int(parked) if parked.isdigit() else 0
+
+
+def _parked(deployment: Obj) -> bool:
+    replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
+    return replicas == 0 and _parked_replicas(deployment) > 0
+
+
 def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
     if deployment is not None and replicas == 0:
         # A parked router keeps the planner's intent (render.router_deployment).
-        parked = annotations_of(deployment).get(v.ANNOTATION_ROUTER_PARKED, "")
-        replicas = int(parked) if parked.isdigit() else 0
+        replicas = _parked_replicas(deployment)
     return RoleState(replicas, len(pods), sum(serves(p) for p in pods))
 
 
@@ -206,6 +219,7 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
                 router=roles["router"],
                 drain_until=drain,
                 created=min((c for c in created if c is not None), default=float("inf")),
+                router_parked=router is not None and _parked(router),
             )
         )
     return sorted(states, key=lambda s: (s.created, s.revision))
@@ -305,9 +319,27 @@ def _container_args(pod_spec: Obj) -> list[str]:
     return list(containers[0].get("args") or [])
 
 
-def removal_view(pods: Iterable[Obj]) -> tuple[list[EnginePod], list[RouterPod]]:
+UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
+"""The taint the node controller puts on a cordoned node (`kubectl cordon`, `kubectl drain`)."""
+
+
+def cordoned_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
+    """Nodes marked unschedulable (cordoned, as a drain begins)."""
+    out = set()
+    for node in nodes:
+        spec = node.get("spec") or {}
+        taints = spec.get("taints") or []
+        if spec.get("unschedulable") or any(t.get("key") == UNSCHEDULABLE_TAINT for t in taints):
+            out.add(name_of(node))
+    return frozenset(out)
+
+
+def removal_view(
+    pods: Iterable[Obj], cordoned: frozenset[str] = frozenset()
+) -> tuple[list[EnginePod], list[RouterPod]]:
     """One PDDeployment's live engine pods and all its router pods (terminating ones too: they
-    serve through their preStop), as `core.removal` decides over them."""
+    serve through their preStop), as `core.removal` decides over them; an engine pod on a
+    `cordoned` node is to be moved (`core.evacuation`)."""
     engines: list[EnginePod] = []
     routers: list[RouterPod] = []
     for pod in pods:
@@ -330,6 +362,7 @@ def removal_view(pods: Iterable[Obj]) -> tuple[list[EnginePod], list[RouterPod]]
                     released=notes.get(v.ANNOTATION_DELETION_COST) == v.RELEASED_DELETION_COST,
                     created=parse_time(meta.get("creationTimestamp")) or 0.0,
                     template=labels.get("pod-template-hash", ""),
+                    evacuate=(pod.get("spec") or {}).get("nodeName") in cordoned,
                 )
             )
     return engines, routers
@@ -348,3 +381,243 @@ def listed_engines(pods: Iterable[Obj]) -> dict[str, frozenset[str]]:
         if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
             out.setdefault(revision, set()).add(name_of(pod))
     return {rev: frozenset(names) for rev, names in out.items()}
+
+
+# ---- what a step waits for ------------------------------------------------------------------
+
+WAIT_ORDER: tuple[WaitReason, ...] = get_args(WaitReason)
+"""The order facts are named in (after the stuck ones): what to fix first comes first."""
+
+_IMAGE_PULL = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+_STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+WAIT_MESSAGE_LENGTH = 240
+"""A fact's message is cut here (a scheduler's message over many nodes runs long)."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """One object an unfinished step waits for, and why: the facts `Progressing` names."""
+
+    object: str
+    """`Kind/name`: a Pod, a PodDisruptionBudget, a router Deployment."""
+    revision: str
+    role: str
+    reason: WaitReason
+    message: str
+    stuck: bool
+    """It will not resolve by itself (capacity, an image, a config, a crash loop, a budget over
+    a stuck role): a Warning event when it first appears. Otherwise it is on its way (a pod
+    starting, a router rolling, a drain running)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What makes a fact new: the object and the kind of wait, not the wording."""
+        return (self.object, self.reason)
+
+
+def _wait(obj: Obj, kind: str, reason: WaitReason, message: str, stuck: bool) -> Wait:
+    labels = labels_of(obj)
+    text = " ".join(message.split())
+    if len(text) > WAIT_MESSAGE_LENGTH:
+        text = text[: WAIT_MESSAGE_LENGTH - 3] + "..."
+    return Wait(
+        f"{kind}/{name_of(obj)}",
+        labels.get(v.LABEL_REVISION, ""),
+        labels.get(v.LABEL_ROLE, ""),
+        reason,
+        text,
+        stuck,
+    )
+
+
+def _container_wait(pod: Obj) -> Wait | None:
+    """The first container (init containers first) that is held up, and why."""
+    status = pod.get("status") or {}
+    for c in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        if c.get("ready"):
+            continue
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        why, detail = str(waiting.get("reason") or ""), str(waiting.get("message") or "")
+        name = c.get("name", "")
+        said = f"container {name}: {why}" + (f": {detail}" if detail else "")
+        restarts = int(c.get("restartCount") or 0)
+        if why in _IMAGE_PULL:
+            return _wait(pod, "Pod", "ImagePull", said, stuck=True)
+        ended = (c.get("lastState") or {}).get("terminated") or {}
+        # Restarted and not Ready again: named as a crash loop between restarts too, so the
+        # fact does not come and go with each restart (each return would be news).
+        if why == "CrashLoopBackOff" or (restarts and ended):
+            last = ended.get("message") or ended.get("reason") or "no message"
+            text = f"container {name}: {restarts} restart(s), last: {last}"
+            return _wait(pod, "Pod", "CrashLoop", text, stuck=True)
+        if why and why not in _STARTING:
+            return _wait(pod, "Pod", "ContainerError", said, stuck=True)
+    return None
+
+
+def _ready_since(pod: Obj) -> str | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready" and c.get("lastTransitionTime"):
+            return str(c["lastTransitionTime"])
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    return str(created) if created else None
+
+
+def pod_waits(pods: Iterable[Obj]) -> list[Wait]:
+    """Pods of any revision and role (routers too) that are not Ready, and why: the scheduler's
+    message, a container held up (image, config, crash loop), or not Ready yet and since when.
+    Pods on their way out (terminating, or marked leaving) are not waited for."""
+    out = []
+    for pod in pods:
+        if is_terminating(pod) or is_leaving(pod) or pod_ready(pod):
+            continue
+        unplaced = next(
+            (
+                c
+                for c in (pod.get("status") or {}).get("conditions") or []
+                if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            ),
+            None,
+        )
+        if unplaced is not None:
+            out.append(_wait(pod, "Pod", "Unschedulable", str(unplaced.get("message", "")), True))
+            continue
+        held = _container_wait(pod)
+        if held is not None:
+            out.append(held)
+            continue
+        since = _ready_since(pod)
+        when = f" since {since}" if since else ""
+        if (pod.get("status") or {}).get("phase") == "Running":
+            out.append(_wait(pod, "Pod", "NotReady", f"running, not Ready{when}", False))
+        else:
+            out.append(_wait(pod, "Pod", "Starting", f"Pending{when}", False))
+    return out
+
+
+def drain_waits(deployments: Iterable[Obj], now: float) -> list[Wait]:
+    """Router Deployments whose revision drains (traffic off) until a time still to come."""
+    out = []
+    for d in deployments:
+        if labels_of(d).get(v.LABEL_ROLE) != "router" or is_terminating(d):
+            continue
+        until = annotations_of(d).get(v.ANNOTATION_DRAIN_UNTIL)
+        end = parse_time(until)
+        if until and end is not None and end > now:
+            text = f"traffic stopped; the revision's pods drain until {until}"
+            out.append(_wait(d, "Deployment", "Draining", text, False))
+    return out
+
+
+def draining_roles(pods: Iterable[Obj], cordoned: Collection[str]) -> frozenset[RoleKey]:
+    """The (revision, role) pairs with a pod on a cordoned node: where a drain is under way."""
+    return frozenset(
+        (labels_of(p).get(v.LABEL_REVISION, ""), labels_of(p).get(v.LABEL_ROLE, ""))
+        for p in pods
+        if (p.get("spec") or {}).get("nodeName") in cordoned
+    )
+
+
+def budget_waits(
+    budgets: Iterable[Obj], stuck: Iterable[Wait], draining: Collection[RoleKey]
+) -> list[Wait]:
+    """Disruption budgets that allow no eviction of their Ready pods while a drain is under way
+    on their role (`draining`): the drain waits on them. A budget of 0 is the default for a role
+    that may surge (the operator moves a cordoned node's pods itself, `core.budgets`), so one
+    with no pod on a cordoned node holds nothing back. Stuck when a pod of the same revision and
+    role is stuck (the replacement a drain waits for cannot come up). The evictions refused are
+    not observable (they leave no trace on the budget or the pod), so what is named is the pods
+    a drain could not evict."""
+    stuck_roles = {(w.revision, w.role) for w in stuck if w.stuck}
+    out = []
+    for b in budgets:
+        if b.get("kind") != v.DISRUPTION_BUDGET_KIND or is_terminating(b):
+            continue
+        key = (labels_of(b).get(v.LABEL_REVISION, ""), labels_of(b).get(v.LABEL_ROLE, ""))
+        if key not in draining:
+            continue
+        status = b.get("status") or {}
+        if "disruptionsAllowed" not in status or int(status["disruptionsAllowed"]) > 0:
+            continue
+        healthy, wanted = int(status.get("currentHealthy") or 0), status.get("desiredHealthy")
+        if healthy <= 0:
+            continue  # unhealthy pods may always be evicted (budgets.py): nothing is held
+        expected = status.get("expectedPods")
+        text = (
+            f"allows no eviction: {healthy} healthy"
+            + (f" of {expected}" if expected is not None else "")
+            + (f", {wanted} needed" if wanted is not None else "")
+            + f"; a node drain cannot evict its {healthy} Ready pod(s) until more are Ready"
+        )
+        out.append(_wait(b, v.DISRUPTION_BUDGET_KIND, "DisruptionBudget", text, key in stuck_roles))
+    return out
+
+
+def listed_waits(waiting: Iterable[Waiting]) -> list[Wait]:
+    """Leaving pods the removal gate holds because router pods still list them."""
+    return [
+        Wait(
+            f"Pod/{w.pod}",
+            w.revision,
+            w.role,
+            "ListedByRouter",
+            f"leaving; {w.routers} router pod(s) of {w.revision} still list it",
+            False,
+        )
+        for w in waiting
+    ]
+
+
+def ordered(waits: Iterable[Wait]) -> tuple[Wait, ...]:
+    """Stuck first, then in WAIT_ORDER, then by object: the same facts always read the same."""
+    rank = {r: i for i, r in enumerate(WAIT_ORDER)}
+    unique = {w.key: w for w in waits}
+    return tuple(sorted(unique.values(), key=lambda w: (not w.stuck, rank[w.reason], w.object)))
+
+
+def waits(
+    pods: Iterable[Obj],
+    deployments: Iterable[Obj],
+    budgets: Iterable[Obj],
+    now: float,
+    gated: Iterable[Waiting] = (),
+    cordoned: Collection[str] = frozenset(),
+) -> tuple[Wait, ...]:
+    """Everything an unfinished step may wait for, across all revisions and roles (routers and
+    the anchor revision too), ordered: pods not Ready and why, disruption budgets that hold a
+    drain off a `cordoned` node, leaving pods the removal gate holds (`gated`), drains still
+    running."""
+    pods = list(pods)
+    held = pod_waits(pods)
+    draining = draining_roles(pods, cordoned)
+    return ordered(
+        [
+            *held,
+            *budget_waits(budgets, held, draining),
+            *listed_waits(gated),
+            *drain_waits(deployments, now),
+        ]
+    )
+
+
+class Named(Protocol):
+    """A fact as `describe` names it (a `Wait`, or one read back from the status)."""
+
+    @property
+    def object(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+
+
+def describe(facts: Sequence[Named], limit: int = 3) -> str:
+    """The first `limit` facts in words, and how many more: a bounded message."""
+    named = ", ".join(f"{w.object} ({w.reason}: {w.message})" for w in facts[:limit])
+    more = len(facts) - limit
+    return named + (f" and {more} more" if more > 0 else "")

@@ -23,8 +23,8 @@ The invariants it keeps (docs/design.md, "Rollout invariants"):
 
 1. a revision's router pairs only that revision's pods (rendering; not decided here);
 2. a revision gets traffic (router replicas > 0) only with >= 1 ready prefill and decode;
-3. per role, ready pods across serving revisions stay >= target - maxUnavailable, and all pods
-   (terminating ones included) stay <= target + maxSurge;
+3. per role, ready pods a client can reach (`RevisionState.reachable`) stay >= target -
+   maxUnavailable, and all pods (terminating ones included) stay <= target + maxSurge;
 4. an old revision loses its router before its last prefill or decode pod, and its pods stay
    for drainSeconds after that;
 5. when superseded (A -> B -> C), the newest old revision (B) is drained first and the oldest
@@ -56,7 +56,7 @@ first shrinks A to 1 (spare 2 - 1 = 1), freeing room: one pair is replaced at a 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -95,14 +95,27 @@ class RevisionState:
     drain_until: float | None = None
     """Set when the router was turned off: pods stay until then (epoch seconds)."""
     created: float = 0.0
+    router_parked: bool = False
+    """The router Deployment is held at zero replicas for want of a routable membership
+    (`render.router_deployment`); `router.replicas` keeps the planner's intent."""
 
     def role(self, role: EngineRole) -> RoleState:
         return by_role(role, self.prefill, self.decode)
 
     @property
     def serving(self) -> bool:
-        """Receives traffic: a ready router that is not being drained."""
+        """May still receive traffic: a router pod is Ready (whatever its Deployment asks for,
+        its pod answers until the Deployment controller removes it). The drain counts from
+        when this ends (invariant 4)."""
         return self.router.ready > 0
+
+    @property
+    def reachable(self) -> bool:
+        """Clients reach its engines, and will a moment from now: its router Deployment keeps
+        replicas (not turned off for a drain, not parked) and a router pod is Ready. Only the
+        ready pods of reachable revisions count towards the availability floor (invariant 3):
+        a Ready router pod whose Deployment was scaled to zero is about to go."""
+        return self.serving and self.router.replicas > 0 and not self.router_parked
 
     @property
     def routed(self) -> bool:
@@ -195,13 +208,19 @@ def establishment(state: RevisionState) -> float:
 
 
 def availability_floor(target: Target, policy: Policy) -> dict[EngineRole, int]:
-    """Ready serving pods each role keeps during a roll (invariant 3's lower bound)."""
+    """Ready pods a client can reach that each role keeps during a roll (invariant 3's lower
+    bound)."""
     floor = {r: max(0, target.replicas(r) - policy.max_unavailable) for r in ENGINE_ROLES}
     if min(floor.values()) == 0:
         # Serving needs both roles: if one may drop to no ready pods, so may the deployment's
         # capacity, and holding the other role's floor could only deadlock the roll.
         return dict.fromkeys(ENGINE_ROLES, 0)
     return floor
+
+
+def reachable_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
+    """Ready pods of `role` a client can reach: what the availability floor counts."""
+    return sum(s.role(role).ready for s in states if s.reachable)
 
 
 def canary_replicas(target: Target, percent: int) -> dict[EngineRole, int]:
@@ -294,11 +313,11 @@ def _plan(
     assert target.revision is not None
     floor = availability_floor(target, policy)
     goal = {r: target.replicas(r) if hold is None else hold.share[r] for r in ENGINE_ROLES}
-    if update.serving:
+    if update.reachable:
         for r in ENGINE_ROLES:
             # A goal below its replicas (a canary's share after a scale-down) never takes the
             # ready pods the floor still needs from it: the anchor does not grow to carry them.
-            needed = floor[r] - sum(s.role(r).ready for s in olds if s.serving)
+            needed = floor[r] - reachable_ready(olds, r)
             goal[r] = max(goal[r], min(update.role(r).replicas, needed))
 
     # 1. Scale the update revision up within the surge budget (to its share, in a canary).
@@ -316,9 +335,10 @@ def _plan(
             update_replicas[r] = max(update_replicas[r], update.role(r).replicas)
 
     # 2. Shrink, un-route and retire old revisions, least established first (invariant 5).
-    available = {
-        r: sum(s.role(r).ready for s in (update, *olds) if s.serving) for r in ENGINE_ROLES
-    }
+    # Only what a client can reach counts: a revision just un-routed may keep a Ready router
+    # pod for a moment (the Deployment controller has not removed it yet), and its pods
+    # counted there would let an older revision shrink below the floor.
+    available = {r: reachable_ready((update, *olds), r) for r in ENGINE_ROLES}
     old_plans: list[RevisionPlan] = []
     requeue: float | None = None
     may_unroute = True
@@ -460,7 +480,7 @@ def _step_old(
         # Never took traffic: nothing to drain, retire at once.
         return replace(keep, prefill=0, decode=0, router=0, delete=True), available
 
-    without = {r: available[r] - (old.role(r).ready if old.serving else 0) for r in ENGINE_ROLES}
+    without = {r: available[r] - (old.role(r).ready if old.reachable else 0) for r in ENGINE_ROLES}
     if least is None and may_unroute and all(without[r] >= floor[r] for r in ENGINE_ROLES):
         # Everything else carries the floor: stop routing here and start the drain. Its pods
         # are left alone in this step; they go when the drain ends.
@@ -470,11 +490,14 @@ def _step_old(
     replicas: dict[EngineRole, int] = {}
     for r in ENGINE_ROLES:
         state = old.role(r)
-        spare = max(left[r] - floor[r], 0) if old.serving else state.ready
+        # Only what the reachable revisions hold beyond the floor may go, here too when this
+        # revision is routed but unreachable for a moment (its router pod not Ready yet, or
+        # failing a probe): its ready pods serve again once the router is back, and during a
+        # roll that fails they are all the capacity there is.
+        spare = max(left[r] - floor[r], 0)
         # Keep one pod of each role while the router may still send it traffic (invariant 4).
         kept = 1 if least is None else least[r]
         removable = min(spare, max(state.ready - kept, 0))
         replicas[r] = max(kept, min(state.replicas, state.ready - removable))
-        if old.serving:
-            left[r] -= removable
+        left[r] -= removable
     return replace(keep, prefill=replicas["prefill"], decode=replicas["decode"]), left

@@ -6,8 +6,9 @@
    revision and its serving pods are left alone (invariant 7);
 2. read the revisions off the observed Deployments and pods (`observe`);
 3. ask the planner for one step;
-4. render what each revision's workloads should be and keep only the writes that change
-   something: a missing child, or a field the operator owns that differs (`drift`);
+4. render what each revision's workloads and disruption budgets should be and keep only the
+   writes that change something: a missing child, or a field the operator owns that differs
+   (`drift`);
 5. once the shell has applied the actions, `Decision.report(refused)` builds the status
    (`status`) and the events (`events`) from what the API server accepted and refused.
 """
@@ -24,7 +25,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core import groups, names, status
+from pdmtp.core import budgets, groups, names, status
 from pdmtp.core.actions import (
     Action,
     Annotate,
@@ -38,7 +39,14 @@ from pdmtp.core.actions import (
     resource_version,
 )
 from pdmtp.core.agreement import Agreement, check
-from pdmtp.core.events import action_events, condition_events, revision_events, rollout_events
+from pdmtp.core.evacuation import evacuate
+from pdmtp.core.events import (
+    action_events,
+    condition_events,
+    revision_events,
+    rollout_events,
+    stall_events,
+)
 from pdmtp.core.group_actions import group_actions
 from pdmtp.core.grouping import Group, groups_of, units, workloads
 from pdmtp.core.history import Recorded, history_actions, latest_spec, recorded
@@ -48,12 +56,15 @@ from pdmtp.core.observe import (
     engine_failures,
     format_time,
     labels_of,
+    listed_waits,
+    ordered,
     parse_time,
     rejected_pods,
     removal_view,
     revision_membership,
     revision_states,
     unschedulable,
+    waits,
 )
 from pdmtp.core.planner import Policy, RevisionPlan, Step, Target, plan
 from pdmtp.core.removal import EnginePod, Removal, gate
@@ -87,12 +98,14 @@ class Observed:
     others: Sequence[Obj] = ()
     """The PDDeployment's other watched children: every kind in `pdmtp.api.kinds.WATCHED` but
     Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions,
-    PDRoleScales), labelled with its name."""
+    PDRoleScales, PodGroups, PodDisruptionBudgets), labelled with its name."""
     metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
     """The engine pods' latest scrapes by pod name (only with spec.autoscaling)."""
     workload_api: str | None = None
     """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`, ...), None
     when it serves none: a multi-node spec is refused then (`others` then holds no PodGroup)."""
+    cordoned: frozenset[str] = frozenset()
+    """Nodes marked unschedulable (a drain under way): engine pods on them are moved first."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,7 @@ class Decision:
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
             *action_events(self.actions, keys),
             *condition_events(transitions, i.old.conditions, new.conditions),
+            *stall_events(i.old.waiting_for, new.waiting_for),
             *(i.scaling.events if i.scaling is not None else ()),
         ]
         return Report(written, written != _without_none(i.raw_old), tuple(events))
@@ -241,7 +255,17 @@ def decide(observed: Observed, now: float) -> Decision:
     # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
     mine = [d for d in observed.deployments if labels_of(d).get(v.LABEL_NAME) == name]
     states = revision_states([*mine, *workloads(observed_groups)], pods)
-    health = Health(engine_failures(raw_pods), crash_looping(raw_pods), unschedulable(raw_pods))
+    budgets_seen = [
+        o
+        for o in observed.others
+        if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == name
+    ]
+    health = Health(
+        engine_failures(raw_pods),
+        crash_looping(raw_pods),
+        unschedulable(raw_pods),
+        waits(raw_pods, mine, budgets_seen, now, cordoned=observed.cordoned),
+    )
     promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
     steering = steer(
         pdd.spec, spec_target, spec_policy, states, health, old.rollout, now, promoted, generation
@@ -250,8 +274,9 @@ def decide(observed: Observed, now: float) -> Decision:
 
     # 3. Plan, and hold each scale-down until its pods are out of every router's list.
     step = plan(states, target, policy, now)
-    engines, routers = removal_view(pods)
-    removal = gate(step.revisions, states, engines, routers)
+    engines, routers = removal_view(pods, observed.cordoned)
+    # Pods on a cordoned node are replaced, then removed through the gate (`core.evacuation`).
+    removal = gate(evacuate(step.revisions, states, engines, policy), states, engines, routers)
 
     # 4. Render and diff.
     existing = {key_of({**o, "kind": "Deployment"}): o for o in mine}
@@ -282,6 +307,8 @@ def decide(observed: Observed, now: float) -> Decision:
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             retired.add(p.revision)
 
+    actions += _orphan_budgets(name, {p.revision for p in removal.plans}, observed.others)
+
     desired = {r: spec_target.replicas(r) for r in v.ENGINE_ROLES}
     actions += role_scale_actions(pdd, desired, observed.others, pods)
 
@@ -290,7 +317,11 @@ def decide(observed: Observed, now: float) -> Decision:
         actions += history_actions(pdd, steering.spec_revision, history, existing, live)
 
     # 5. Status and events come from `Decision.report`, after the shell's writes.
-    seen = status.Observations(states, step, health.failures, health.waiting, rejected_pods(mine))
+    # What the step waits for: the pods, budgets and drains above, and the removal gate's holds.
+    facts = ordered([*health.waits, *listed_waits(removal.waiting)])
+    seen = status.Observations(
+        states, step, health.failures, health.waiting, rejected_pods(mine), facts
+    )
     share = canary_traffic(states, target.revision) if step.outcome == "Held" else None
     record = track(old.rollout, steering, step, states, now, share)
     inputs = _Inputs(
@@ -359,6 +390,19 @@ def _group_role(
     return actions + group_actions(mine, p.replicas(role), render, removal.released)
 
 
+def _orphan_budgets(name: str, live: Collection[str], others: Sequence[Obj]) -> list[Action]:
+    """Deletes of budgets whose revision is gone (retired while a delete was refused, or before
+    the operator rendered budgets at all): nothing else would remove them before their owner."""
+    return [
+        Delete(v.DISRUPTION_BUDGET_KIND, str((o.get("metadata") or {}).get("name")))
+        for o in others
+        if o.get("kind") == v.DISRUPTION_BUDGET_KIND
+        and labels_of(o).get(v.LABEL_NAME) == name
+        and labels_of(o).get(v.LABEL_REVISION) not in live
+        and not (o.get("metadata") or {}).get("deletionTimestamp")
+    ]
+
+
 def _marks(removal: Removal, engines: Sequence[EnginePod], stamp: str) -> list[Action]:
     """The leaving and release marks engine pods must carry after this step."""
     out: list[Action] = []
@@ -397,7 +441,15 @@ def _revision_actions(
     name = pdd.metadata.name
     leaving = removal.leaving
     if p.delete:
+        # The budgets go first: one left behind by a refused delete would outlive its revision,
+        # while a revision kept after all gets its budget back (rendered while it lives).
         deletes: list[Action] = [
+            Delete(v.DISRUPTION_BUDGET_KIND, names.disruption_budget(name, p.revision, r))
+            for r in v.ENGINE_ROLES
+            if f"{v.DISRUPTION_BUDGET_KIND}/{names.disruption_budget(name, p.revision, r)}"
+            in existing
+        ]
+        deletes += [
             Delete("Deployment", names.workload(name, p.revision, r))
             for r in v.ROLES
             if f"Deployment/{names.workload(name, p.revision, r)}" in existing
@@ -410,9 +462,14 @@ def _revision_actions(
         ]
         return deletes
     actions: list[Action] = []
+    # Per engine role with a workload to guard: None for a Deployment's pods, else pods per
+    # group (`budgets`). A role with none (a dead revision's, awaiting retirement) gets none.
+    shapes: dict[EngineRole, int | None] = {}
     if p.revision == spec_revision:
         for role in v.ENGINE_ROLES:
-            if groups.shape_of(agreement, role) is not None:
+            shape = groups.shape_of(agreement, role)
+            shapes[role] = None if shape is None else shape.nodes
+            if shape is not None:
                 actions += _group_role(
                     pdd, p, role, agreement, existing, revision_groups, removal, workload_api
                 )
@@ -430,20 +487,34 @@ def _revision_actions(
             if current is None:
                 old_spec = old_spec or latest_spec(history, p.revision)
                 old = check(old_spec) if old_spec is not None else None
-                if role_groups or (old is not None and groups.shape_of(old, role) is not None):
+                shape = None if old is None else groups.shape_of(old, role)
+                if role_groups or shape is not None:
                     actions += _group_role(
                         pdd, p, role, old, existing, revision_groups, removal, workload_api
                     )
+                    sizes = [g.size for g in role_groups if g.size]
+                    nodes = max(sizes) if sizes else None if shape is None else shape.nodes
+                    if nodes is not None:
+                        shapes[role] = nodes
                 elif old is not None and p.replicas(role) > 0:
                     manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), old)
                     actions.append(Apply(manifest, exists=False))
+                    shapes[role] = None
                 continue
+            shapes[role] = None
             was = int((current.get("spec") or {}).get("replicas") or 0)
             if was != p.replicas(role):
                 workload = names.workload(name, p.revision, role)
                 rv = resource_version(current)
                 actions.append(Scale(workload, p.replicas(role), was, rv))
     eff = agreement.settings
+    # After the workloads: a group count that drops has its groups deleted before the budget
+    # shrinks with it, so their pods never count twice (`budgets`).
+    for role, nodes in shapes.items():
+        allowed = budgets.allowance(eff.rollout, grouped=nodes is not None)
+        budget = budgets.disruption_budget(pdd, p.revision, role, allowed, nodes, p.replicas(role))
+        if change := apply_if_drifted(budget, existing):
+            actions.append(change)
     membership = revision_membership(
         pods,
         deployment_name=name,

@@ -44,6 +44,8 @@ class EnginePod:
     created: float
     template: str = ""
     """Its ReplicaSet's pod-template-hash: pods of an older template go first."""
+    evacuate: bool = False
+    """On a cordoned node (a drain under way): it goes first (`core.evacuation`)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,20 @@ class Removal:
 
 
 def _victim_order(pods: Sequence[EnginePod]) -> list[EnginePod]:
-    """Marked first (a choice once made stays), then as the ReplicaSet ranks: not ready, an
-    older template than the newest pod's, then the newest."""
+    """Marked first (a choice once made stays), then those on a cordoned node (a drain waits for
+    them), then as the ReplicaSet ranks: not ready, an older template than the newest pod's,
+    then the newest."""
     newest = max(pods, key=lambda p: p.created).template if pods else ""
     return sorted(
-        pods, key=lambda p: (not p.leaving, p.ready, p.template == newest, -p.created, p.name)
+        pods,
+        key=lambda p: (
+            not p.leaving,
+            not p.evacuate,
+            p.ready,
+            p.template == newest,
+            -p.created,
+            p.name,
+        ),
     )
 
 

@@ -1,9 +1,9 @@
 """Render the child objects of a PDDeployment as plain dicts (what the shell applies).
 
-Per revision: one Deployment per engine role and one router Deployment. Per PDDeployment: the
-client Service (selects every serving router), the NetworkPolicy between P and D pods, and the
-routers' ServiceAccount. Names come from `names`, labels from `vocabulary`; nothing here reads the
-cluster or the clock.
+Per revision: one Deployment and one PodDisruptionBudget (`budgets`) per engine role and one
+router Deployment. Per PDDeployment: the client Service (selects every serving router), the
+NetworkPolicy between P and D pods, and the routers' ServiceAccount. Names come from `names`,
+labels from `vocabulary`; nothing here reads the cluster or the clock.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core import groups, names, scheduling
+from pdmtp.core import budgets, groups, names, scheduling
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.effective import Effective, EngineRoleSettings, Shared
 from pdmtp.core.hashing import canonical_json
@@ -468,13 +468,16 @@ def revision_children(
 ) -> list[Manifest]:
     """The workloads of one revision, from the settings `agreement` judged: per engine role a
     Deployment, or for a multi-node role its headless Service and `replicas` whole groups
-    (`groups`); then the router Deployment."""
+    (`groups`), and the role's disruption budget (`budgets`); then the router Deployment."""
     eff = agreement.settings
+    allowed = budgets.allowance(eff.rollout)
     out: list[Manifest] = []
     for role in v.ENGINE_ROLES:
         count = replicas.prefill if role == "prefill" else replicas.decode
-        if groups.shape_of(agreement, role) is None:
+        shape = groups.shape_of(agreement, role)
+        if shape is None:
             out.append(engine_deployment(pdd, revision, role, count, agreement))
+            out.append(budgets.disruption_budget(pdd, revision, role, allowed))
             continue
         template = engine_pod_template(pdd, revision, role, agreement)
         out.append(groups.group_service(pdd, revision, role))
@@ -482,6 +485,8 @@ def revision_children(
             out += groups.group_objects(
                 pdd, revision, role, gid, template, agreement, pod_group_api
             )
+        grouped = budgets.allowance(eff.rollout, grouped=True)
+        out.append(budgets.disruption_budget(pdd, revision, role, grouped, shape.nodes, count))
     out.append(
         router_deployment(pdd, eff, revision, replicas.router, membership, replicas.drain_until)
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
-from pdmtp.core.observe import PodIssue, format_time, parse_time
+from pdmtp.core.observe import PodIssue, Wait, describe, format_time, parse_time
 from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
 
 
@@ -59,6 +59,8 @@ class Health:
     failures: Sequence[PodIssue] = ()
     crash_looping: Sequence[PodIssue] = ()
     waiting: Sequence[PodIssue] = ()
+    waits: Sequence[Wait] = ()
+    """What an unfinished step waits for, every revision and role (`observe.waits`)."""
 
 
 def steer(
@@ -159,7 +161,18 @@ def failure_of(
 def waiting_for(
     revision: str, spec: PDDeploymentSpec, health: Health, states: Sequence[RevisionState]
 ) -> str:
-    """What a stalled rollout waits for, with the policy that would work where it can tell."""
+    """What a stalled rollout waits for, with the policy that would work where it can tell, and
+    the objects it waits for in every revision and role (routers, the old revision's pods)."""
+    stuck = [u for u in health.waiting if u.revision == revision]
+    said = {f"Pod/{stuck[0].pod}"} if stuck else set()
+    others = [w for w in health.waits if w.object not in said]
+    named = f"; waiting for {describe(others)}" if others else ""
+    return _stalled(revision, spec, health, states) + named
+
+
+def _stalled(
+    revision: str, spec: PDDeploymentSpec, health: Health, states: Sequence[RevisionState]
+) -> str:
     stuck = [u for u in health.waiting if u.revision == revision]
     if stuck:
         rollout = spec.rollout

@@ -23,6 +23,23 @@ ROUTER_READINESS_PATH: Final = "/readiness"
 prefill's `/query`; the body counts healthy prefills and decodes."""
 ROUTER_LIVENESS_PATH: Final = "/liveness"
 
+# Active health checks, the only failover 0.1.17's P/D mode has. Its P/D path sends a request to
+# one prefill and one decode, once: `--retry-*` and the circuit breaker are never consulted there
+# (read in its source; with retries 3 and a breaker at 1 failure not one failure fewer,
+# tests/router/test_router_failover.py). It does pick only among workers its health checker holds
+# healthy. At the defaults (a probe every 60 s, 3 failures) a killed engine of a 2P/2D revision
+# failed every other request until the operator rolled the router; probing every second, one
+# failure drops it within a second (docs/benchmarks.md, "Router retries (issue 31)"). Two good
+# probes (the default) take it back; a live engine is dropped only if its /health stalls 2 s.
+ROUTER_HEALTH_FLAGS: Final[tuple[str, ...]] = (
+    "--health-check-interval-secs",
+    "1",
+    "--health-failure-threshold",
+    "1",
+    "--health-check-timeout-secs",
+    "2",
+)
+
 # Rendered for every router. The start-up health poll defaults to every 30 s; at 1 s a rolled
 # router is Ready within seconds of its engines being healthy.
 _COMMON_FLAGS: Final[tuple[str, ...]] = (
@@ -31,6 +48,7 @@ _COMMON_FLAGS: Final[tuple[str, ...]] = (
     "mooncake",
     "--worker-startup-check-interval",
     "1",
+    *ROUTER_HEALTH_FLAGS,
 )
 
 

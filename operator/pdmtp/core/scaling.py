@@ -1,8 +1,8 @@
 """spec.autoscaling applied: the counts each role rolls to, from the autoscaler's decision. Pure.
 
-`scale(spec, old, pods, metrics, external, now)` turns the spec into an `AutoscalingPolicy`, the
-status's remembered recommendations and changes into the decision's history, the engine pods and
-their scrapes into observations, calls `pdmtp.core.autoscaling.decide` once per interval, and
+`scale(spec, old, pods, metrics, external, now)` turns the status's remembered recommendations and
+changes into the decision's history, the engine pods and their scrapes into observations, calls
+`pdmtp.core.autoscaling.decide` on spec.autoscaling once per interval, and
 returns the desired count per role with the status to write and the events to post. Between two
 evaluations the counts stay as the status says, so a reconcile that an unrelated event triggers
 moves nothing; a changed bound (min/max, a role's own replicas, the band) or a new count on an
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.autoscaling import EXTERNAL, AutoscalingSpec, RoleAutoscaling, Source
+from pdmtp.api.autoscaling import EXTERNAL, AutoscalingSpec, Source, exact, replica_bounds
 from pdmtp.api.status import (
     AutoscalingStatus,
     RoleScaling,
@@ -66,66 +67,6 @@ class Scaling:
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     """When the next evaluation is due."""
-
-
-def _role_policy(role: a.Role, scaling: RoleAutoscaling | None, replicas: int) -> a.RolePolicy:
-    if scaling is None:  # not autoscaled: its own replicas, for the band's sake
-        return a.RolePolicy(replicas, replicas, {})
-    if scaling.source == EXTERNAL:
-        return a.RolePolicy(scaling.min_replicas, scaling.max_replicas, {})
-    base = a.default_role_policy(
-        role,
-        scaling.min_replicas,
-        scaling.max_replicas,
-        scaling.expected_acceptance_length,
-    )
-    targets = base.targets
-    if scaling.targets is not None:
-        targets = {t.signal: t.value for t in scaling.targets}
-    behavior = scaling.behavior
-    up, down = base.scale_up, base.scale_down
-    if behavior is not None and behavior.scale_up is not None:
-        up = _rules(behavior.scale_up, up)
-    if behavior is not None and behavior.scale_down is not None:
-        down = _rules(behavior.scale_down, down)
-    return a.RolePolicy(
-        scaling.min_replicas,
-        scaling.max_replicas,
-        targets,
-        scale_up=up,
-        scale_down=down,
-        tolerance=base.tolerance if scaling.tolerance is None else scaling.tolerance,
-        expected_acceptance_length=scaling.expected_acceptance_length,
-    )
-
-
-def _rules(spec: Any, default: a.ScalingRules) -> a.ScalingRules:
-    """A direction as the spec sets it; without step limits it keeps the default ones (as an
-    HPA's behavior without policies does)."""
-    limited = spec.max_pods is not None or spec.max_percent is not None
-    return a.ScalingRules(
-        stabilization_seconds=spec.stabilization_window_seconds,
-        period_seconds=spec.period_seconds if limited else default.period_seconds,
-        max_pods=spec.max_pods if limited else default.max_pods,
-        max_percent=spec.max_percent if limited else default.max_percent,
-    )
-
-
-def policy_of(spec: PDDeploymentSpec) -> a.AutoscalingPolicy:
-    """The decision's policy; `spec.autoscaling` must be set."""
-    auto = spec.autoscaling
-    assert auto is not None
-    roles = {
-        role: _role_policy(role, auto.role(role.value), spec.role(role.value).replicas)
-        for role in a.Role
-    }
-    ratio = None if auto.ratio is None else a.RatioBand(auto.ratio.min, auto.ratio.max)
-    return a.AutoscalingPolicy(
-        roles[a.Role.PREFILL],
-        roles[a.Role.DECODE],
-        ratio,
-        staleness_seconds=float(auto.stale_after_seconds),
-    )
 
 
 def _history(role: RoleScaling | None) -> a.RoleHistory:
@@ -223,8 +164,9 @@ def role_scale_manifest(pdd: PDDeployment, role: EngineRole, replicas: int) -> d
     }
 
 
-def _clamp(value: int, rules: a.RolePolicy) -> int:
-    return min(max(value, rules.min_replicas), rules.max_replicas)
+def _clamp(value: int, spec: PDDeploymentSpec, role: EngineRole) -> int:
+    low, high = replica_bounds(spec, role)
+    return min(max(value, low), high)
 
 
 def scale(
@@ -238,12 +180,12 @@ def scale(
     """The counts the roles roll to, and the autoscaling status (spec.autoscaling is set)."""
     auto = spec.autoscaling
     assert auto is not None
-    policy = policy_of(spec)
     before = {r.name: r for r in old.roles} if old is not None else {}
     current = {
         role: _clamp(
             before[role].desired_replicas if role in before else spec.role(role).replicas,
-            policy[a.Role(role)],
+            spec,
+            role,
         )
         for role in v.ENGINE_ROLES
     }
@@ -260,8 +202,9 @@ def scale(
         )
         for role in v.ENGINE_ROLES
     )
-    unbanded = policy.ratio is not None and not (
-        policy.ratio.min <= current["prefill"] / current["decode"] <= policy.ratio.max
+    band = auto.ratio
+    unbanded = band is not None and not (
+        exact(band.min) <= Fraction(current["prefill"], current["decode"]) <= exact(band.max)
     )
     due = last is None or now >= last + auto.interval_seconds - EARLY_SECONDS
     if not (due or moved or unbanded or set(before) != _autoscaled(auto)):
@@ -269,17 +212,17 @@ def scale(
         return Scaling(current, old, (), max(0.0, last + auto.interval_seconds - now))
 
     decision = a.decide(
-        policy,
-        a.PerRole(observations(pods, metrics, "prefill"), observations(pods, metrics, "decode")),
-        a.PerRole(current["prefill"], current["decode"]),
-        a.PerRole(_history(before.get("prefill")), _history(before.get("decode"))),
+        auto,
+        {role: observations(pods, metrics, role) for role in v.ENGINE_ROLES},
+        current,
+        {role: _history(before.get(role)) for role in v.ENGINE_ROLES},
         now,
-        a.PerRole(asked["prefill"], asked["decode"]),
+        asked,
     )
     stamp = format_time(now)
     roles, events = [], []
     for role in v.ENGINE_ROLES:
-        made, scaling = decision.roles[a.Role(role)], auto.role(role)
+        made, scaling = decision.roles[role], auto.role(role)
         if scaling is None:
             continue
         was = before.get(role)
@@ -289,7 +232,7 @@ def scale(
             )
             events.append(Event("Normal", reason, made.reason))
         roles.append(_role_status(role, scaling.source, made, decision, pods, stamp, was))
-    desired = {role: decision.roles[a.Role(role)].desired for role in v.ENGINE_ROLES}
+    desired = {role: decision.roles[role].desired for role in v.ENGINE_ROLES}
     status = AutoscalingStatus(
         last_evaluation_time=stamp, ratio_note=decision.ratio_note, roles=roles
     )
@@ -314,7 +257,7 @@ def _role_status(
     stamp: str,
     was: RoleScaling | None,
 ) -> RoleScaling:
-    history = decision.history[a.Role(role)]
+    history = decision.history[role]
     ready = sum(1 for p in _live(pods, role) if pod_ready(p))
     last_scale = stamp if made.changed else (was.last_scale_time if was is not None else None)
     return RoleScaling(

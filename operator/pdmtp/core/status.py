@@ -21,13 +21,14 @@ from pdmtp.api.status import (
     RevisionStatus,
     RoleStatus,
     RolloutStatus,
+    WaitStatus,
 )
 from pdmtp.api.v1alpha1 import PDDeploymentSpec, RoleSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
-from pdmtp.core.observe import PodIssue
+from pdmtp.core.observe import PodIssue, Wait, describe
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
 from pdmtp.core.rollout import Steering
 from pdmtp.core.scaling import Scaling
@@ -139,7 +140,7 @@ def progressing(
             reasons.ROLLOUT_BLOCKED,
             f"the spec is incompatible: no new revision starts{keeps}",
         )
-    controlled = _controlled(step, target, steering, record)
+    controlled = _controlled(step, target, steering, record, seen.waits)
     if controlled is not None:
         return controlled
     if step.blocked:
@@ -151,8 +152,17 @@ def progressing(
     return _waiting(seen, target)
 
 
+def _naming(facts: Sequence[Wait]) -> str:
+    """What a message adds about the waits: nothing, or the first 3 named and the rest counted."""
+    return f"; waiting for {describe(facts)}" if facts else ""
+
+
 def _controlled(
-    step: Step, target: Target, steering: Steering | None, record: RolloutStatus | None
+    step: Step,
+    target: Target,
+    steering: Steering | None,
+    record: RolloutStatus | None,
+    facts: Sequence[Wait] = (),
 ) -> ConditionUpdate | None:
     """Rollback, completion, failure, pause and canary hold."""
     if steering is not None and steering.rolling_back:
@@ -166,7 +176,7 @@ def _controlled(
         return _progress(
             "True",
             reasons.ROLLOUT_IN_PROGRESS,
-            f"rolling back from {failed} to {back}: {steering.failure}",
+            f"rolling back from {failed} to {back}: {steering.failure}{_naming(facts)}",
         )
     if step.complete:
         return _progress(
@@ -193,7 +203,8 @@ def _controlled(
             reasons.CANARY_HOLD,
             f"canary: revision {target.revision} serves next to {anchor}"
             + (f" with {share}% of the router endpoints" if share is not None else "")
-            + "; promote it with `pdmtp rollout promote`",
+            + "; promote it with `pdmtp rollout promote`"
+            + _naming(facts),
         )
     return None
 
@@ -214,11 +225,13 @@ def _waiting(seen: Observations, target: Target) -> ConditionUpdate:
         return _progress(
             "True",
             reasons.PODS_UNSCHEDULABLE,
-            f"{what} {target.revision}: the scheduler cannot place {len(stuck)} pod(s) "
-            f"({stuck[0].role} {stuck[0].pod}: {stuck[0].message}); add capacity or "
-            "allow spec.rollout.maxUnavailable so old pods make room",
+            f"{what} {target.revision}: the scheduler cannot place {len(stuck)} of its pod(s); "
+            "add capacity or allow spec.rollout.maxUnavailable so old pods make room"
+            + _naming(seen.waits),
         )
-    return _progress("True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}")
+    return _progress(
+        "True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}{_naming(seen.waits)}"
+    )
 
 
 def degraded(failures: Sequence[PodIssue], steering: Steering | None = None) -> ConditionUpdate:
@@ -319,6 +332,8 @@ class Observations:
     waiting: Sequence[PodIssue]
     rejected: Sequence[PodIssue] = ()
     """Workloads whose pods the API server refuses."""
+    waits: Sequence[Wait] = ()
+    """What an unfinished step waits for, ordered (`observe.waits`)."""
 
 
 def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
@@ -359,6 +374,7 @@ def build(
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
     roles = role_counts(seen.states, spec, update, None if scaling is None else scaling.desired)
+    waiting = None if seen.step.complete else waiting_for(seen.waits)
     status = PDDeploymentStatus(
         observed_generation=generation,
         lookahead=Lookahead(
@@ -373,10 +389,30 @@ def build(
         decode=f"{roles[1].ready_replicas}/{roles[1].desired_replicas}",
         roles=roles,
         autoscaling=None if scaling is None else scaling.status,
+        waiting_for=waiting,
         revisions=revision_table(seen.states),
         conditions=conditions,
     )
     return status, transitions
+
+
+WAITING_FOR_LIMIT = 10
+"""At most this many facts in status.waitingFor (the schema's bound)."""
+
+
+def waiting_for(facts: Sequence[Wait]) -> list[WaitStatus] | None:
+    """status.waitingFor: the first facts, or None when nothing waits."""
+    return [
+        WaitStatus(
+            object=w.object,
+            revision=w.revision,
+            role=w.role,
+            reason=w.reason,
+            message=w.message,
+            stuck=w.stuck,
+        )
+        for w in facts[:WAITING_FOR_LIMIT]
+    ] or None
 
 
 def unusable(
