@@ -303,12 +303,25 @@ def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_r
             "decode scaled to 4 mid-roll",
         )
         files.set("decode", kv=0.5)  # on target at 4 pods: stays
-        obj = wait_settled(api, namespace, name, timeout=180)
+        wait_settled(api, namespace, name, timeout=180)
+        # The router restarts whenever its revision's engine set changes (core/router.py), and
+        # the last scale may leave its previous pod Ready for a moment after RolloutComplete.
+        final = {
+            "revision": new_rev,
+            "phase": "Serving",
+            "prefill": "2/2",
+            "decode": "4/4",
+            "routers": 1,
+        }
+        obj = until(
+            api,
+            namespace,
+            name,
+            lambda o: o["status"].get("revisions") == [final],
+            "the new revision alone, its router rolled",
+        )
     watcher.stop()
     assert obj["status"]["currentRevision"] == new_rev
-    assert [r for r in obj["status"]["revisions"]] == [
-        {"revision": new_rev, "phase": "Serving", "prefill": "2/2", "decode": "4/4", "routers": 1}
-    ]
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
 
 

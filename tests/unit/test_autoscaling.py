@@ -9,40 +9,57 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pdmtp.api.autoscaling import (
+    DECODE_TARGETS,
+    MTP_DECODE_TARGETS,
+    PREFILL_TARGETS,
+    SCALE_DOWN,
+    SCALE_UP,
+    TOLERANCE,
+    AutoscalingSpec,
+    Behavior,
+    RatioBand,
+    RoleAutoscaling,
+    ScalingRules,
+    Target,
+)
+from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.autoscaling import (
-    AutoscalingPolicy,
     Coverage,
     Decision,
     HistogramTotals,
-    PerRole,
     PodObservation,
-    RatioBand,
     Recommendation,
-    Role,
     RoleHistory,
-    RolePolicy,
     ScaleEvent,
-    ScalingRules,
     Scrape,
     Signal,
     decide,
-    default_policy,
-    default_role_policy,
 )
 from pdmtp.core.promtext import parse_scrape, samples
+from pydantic import ValidationError
 
+T = TypeVar("T")
 NOW = 10_000.0
-EMPTY = PerRole(RoleHistory(), RoleHistory())
 
-# Quick rules for examples: react at once, no step limit; tests that need behaviour set it.
-INSTANT = ScalingRules(stabilization_seconds=0, period_seconds=60)
+
+def both(prefill: T, decode: T) -> dict[EngineRole, T]:
+    return {"prefill": prefill, "decode": decode}
+
+
+EMPTY = both(RoleHistory(), RoleHistory())
+
+# Quick rules for examples: react at once; 1000 pods a period (the API's largest count) is no
+# step limit. Tests that need behaviour set it.
+INSTANT = ScalingRules(stabilization_window_seconds=0, max_pods=1000)
 
 
 def role_policy(
@@ -53,16 +70,21 @@ def role_policy(
     down: ScalingRules = INSTANT,
     tolerance: float = 0.1,
     expected_acceptance_length: float | None = None,
-) -> RolePolicy:
-    return RolePolicy(
-        min_replicas,
-        max_replicas,
-        targets,
-        scale_up=up,
-        scale_down=down,
+) -> RoleAutoscaling:
+    return RoleAutoscaling(
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        targets=[Target(signal=signal, value=value) for signal, value in targets.items()],
+        behavior=Behavior(scale_up=up, scale_down=down),
         tolerance=tolerance,
         expected_acceptance_length=expected_acceptance_length,
     )
+
+
+def scaling(spec: AutoscalingSpec, role: EngineRole) -> RoleAutoscaling:
+    autoscaled = spec.role(role)
+    assert autoscaled is not None
+    return autoscaled
 
 
 PREFILL_WAITING = role_policy({Signal.WAITING_PER_POD: 4.0})
@@ -81,24 +103,22 @@ def pods(
 
 
 def run(
-    policy: AutoscalingPolicy,
+    spec: AutoscalingSpec,
     prefill: Sequence[PodObservation],
     decode: Sequence[PodObservation],
     current: tuple[int, int],
-    history: PerRole[RoleHistory] = EMPTY,
+    history: Mapping[EngineRole, RoleHistory] = EMPTY,
     now: float = NOW,
 ) -> Decision:
-    return decide(policy, PerRole(prefill, decode), PerRole(*current), history, now)
+    return decide(spec, both(prefill, decode), both(*current), history, now)
 
 
 def policy_of(
-    prefill: RolePolicy = PREFILL_WAITING,
-    decode: RolePolicy = DECODE_RUNNING,
+    prefill: RoleAutoscaling | None = PREFILL_WAITING,
+    decode: RoleAutoscaling | None = DECODE_RUNNING,
     ratio: RatioBand | None = None,
-    **changes: float,
-) -> AutoscalingPolicy:
-    policy = AutoscalingPolicy(prefill, decode, ratio)
-    return replace(policy, **changes) if changes else policy  # type: ignore[arg-type]
+) -> AutoscalingSpec:
+    return AutoscalingSpec(prefill=prefill, decode=decode, ratio=ratio)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +242,7 @@ def test_the_reader_sums_every_label_set_whatever_its_label_values(
 @pytest.mark.parametrize("per_pod", [3.61, 3.8, 4.0, 4.2, 4.39])
 def test_hysteresis_inside_the_tolerance_band_nothing_moves(per_pod: float) -> None:
     decision = run(policy_of(), pods(5, waiting=per_pod), pods(4, running=32.0), (5, 4))
-    prefill = decision.roles.prefill
+    prefill = decision.roles["prefill"]
     assert prefill.desired == 5
     assert prefill.readings[0].within_tolerance
     assert "within tolerance" in prefill.reason
@@ -234,9 +254,9 @@ def test_outside_the_band_the_count_follows_observed_over_target(
     per_pod: float, desired: int
 ) -> None:
     decision = run(policy_of(), pods(5, waiting=per_pod), pods(4, running=32.0), (5, 4))
-    assert decision.roles.prefill.recommendation == desired
-    assert decision.roles.prefill.desired == desired
-    assert decision.roles.prefill.deciding_signal is Signal.WAITING_PER_POD
+    assert decision.roles["prefill"].recommendation == desired
+    assert decision.roles["prefill"].desired == desired
+    assert decision.roles["prefill"].deciding_signal is Signal.WAITING_PER_POD
 
 
 def test_the_largest_vote_decides_and_the_reason_names_it() -> None:
@@ -249,7 +269,7 @@ def test_the_largest_vote_decides_and_the_reason_names_it() -> None:
         pods(4, running=40.0, kv_cache_usage=1.0),  # running wants 5, KV wants 5 too: KV further
         (2, 4),
     )
-    result = decision.roles.decode
+    result = decision.roles["decode"]
     assert result.desired == 5
     assert result.deciding_signal is Signal.KV_CACHE_USAGE
     assert "kvCacheUsage 1 vs target 0.8 wants 5" in result.reason
@@ -285,11 +305,11 @@ def test_latency_signals_use_the_mean_between_two_scrapes_and_survive_an_engine_
         pods(1, running=32.0),
         (2, 1),
     )
-    readings = {r.signal: r for r in decision.roles.prefill.readings}
+    readings = {r.signal: r for r in decision.roles["prefill"].readings}
     assert readings[Signal.QUEUE_TIME].value == pytest.approx(30.0 / 30.0)
     assert readings[Signal.TIME_TO_FIRST_TOKEN].value == pytest.approx(45.0 / 30.0)
-    assert decision.roles.prefill.desired == 4  # queue time 1 s vs 0.5 s: twice the pods
-    assert decision.roles.prefill.deciding_signal is Signal.QUEUE_TIME
+    assert decision.roles["prefill"].desired == 4  # queue time 1 s vs 0.5 s: twice the pods
+    assert decision.roles["prefill"].deciding_signal is Signal.QUEUE_TIME
 
 
 def test_an_idle_role_with_quiet_latency_signals_goes_down_to_its_minimum() -> None:
@@ -299,17 +319,27 @@ def test_an_idle_role_with_quiet_latency_signals_goes_down_to_its_minimum() -> N
     same = replace(quiet, at=NOW)
     idle = tuple(PodObservation(f"p{i}", True, same, quiet) for i in range(6))
     decision = run(policy_of(prefill=prefill), idle, pods(1, running=32.0), (6, 1))
-    readings = {r.signal: r for r in decision.roles.prefill.readings}
+    readings = {r.signal: r for r in decision.roles["prefill"].readings}
     assert readings[Signal.QUEUE_TIME].coverage is Coverage.QUIET
-    assert decision.roles.prefill.desired == 2
-    assert not decision.roles.prefill.held_for_missing_data
+    assert decision.roles["prefill"].desired == 2
+    assert not decision.roles["prefill"].held_for_missing_data
 
 
-def test_a_role_without_signals_keeps_its_count() -> None:
-    decision = run(policy_of(prefill=role_policy({})), pods(3), pods(1, running=32.0), (3, 1))
-    assert decision.roles.prefill.desired == 3
-    assert decision.roles.prefill.deciding_signal is None
-    assert "no signal configured" in decision.roles.prefill.reason
+def test_a_role_without_autoscaling_keeps_its_count() -> None:
+    decision = run(policy_of(prefill=None), pods(3), pods(1, running=32.0), (3, 1))
+    assert decision.roles["prefill"].desired == 3
+    assert decision.roles["prefill"].deciding_signal is None
+    assert "not autoscaled" in decision.roles["prefill"].reason
+
+
+def test_an_external_role_without_a_count_from_its_scale_endpoint_keeps_its_count() -> None:
+    external = RoleAutoscaling(source="External", min_replicas=1, max_replicas=8)
+    decision = run(policy_of(prefill=external), pods(3, waiting=40.0), pods(1), (3, 1))
+    assert decision.roles["prefill"].desired == 3
+    assert "no signal configured" in decision.roles["prefill"].reason
+    asked = decide(policy_of(prefill=external), both((), ()), both(3, 1), EMPTY, NOW, both(9, None))
+    assert asked.roles["prefill"].desired == 8
+    assert "set to 9 through its scale endpoint; maxReplicas 8" in asked.roles["prefill"].reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,8 +347,8 @@ def test_a_role_without_signals_keeps_its_count() -> None:
 
 BEHAVED = role_policy(
     {Signal.WAITING_PER_POD: 4.0},
-    up=ScalingRules(stabilization_seconds=30, period_seconds=60, max_pods=2, max_percent=50),
-    down=ScalingRules(stabilization_seconds=300, period_seconds=60, max_pods=1),
+    up=ScalingRules(stabilization_window_seconds=30, period_seconds=60, max_pods=2, max_percent=50),
+    down=ScalingRules(stabilization_window_seconds=300, period_seconds=60, max_pods=1),
 )
 
 
@@ -326,11 +356,11 @@ BEHAVED = role_policy(
 class Loop:
     """A closed loop: a total load spread over the prefill's Ready pods, evaluated every `tick`."""
 
-    policy: AutoscalingPolicy
+    policy: AutoscalingSpec
     replicas: int
     tick: float = 15.0
     now: float = NOW
-    history: PerRole[RoleHistory] = field(default_factory=lambda: EMPTY)
+    history: Mapping[EngineRole, RoleHistory] = field(default_factory=lambda: EMPTY)
     decisions: list[tuple[float, int, int]] = field(default_factory=list)
 
     def step(self, total_waiting: float, noise: Callable[[], float] = lambda: 1.0) -> int:
@@ -342,12 +372,12 @@ class Loop:
         )
         decision = decide(
             self.policy,
-            PerRole(prefill, pods(1, at=self.now, running=32.0)),
-            PerRole(self.replicas, 1),
+            both(prefill, pods(1, at=self.now, running=32.0)),
+            both(self.replicas, 1),
             self.history,
             self.now,
         )
-        result = decision.roles.prefill
+        result = decision.roles["prefill"]
         if result.changed:
             self.decisions.append((self.now, result.current, result.desired))
         self.replicas = result.desired
@@ -382,21 +412,23 @@ def test_a_lasting_dip_scales_down_one_pod_a_period_after_the_window() -> None:
     assert loop.replicas == 1
 
 
-def test_the_default_policy_watches_the_documented_signals() -> None:
-    policy = default_policy(RatioBand(0.25, 1.0))
-    assert set(policy.prefill.targets) == {Signal.WAITING_PER_POD, Signal.QUEUE_TIME}
-    assert set(policy.decode.targets) == {
+def test_a_role_without_targets_or_behavior_scales_on_the_table_of_defaults() -> None:
+    bare = RoleAutoscaling(min_replicas=1, max_replicas=8)
+    policy = AutoscalingSpec(prefill=bare, decode=bare, ratio=RatioBand(min=0.25, max=1.0))
+    assert bare.signal_targets("prefill") == {t.signal: t.value for t in PREFILL_TARGETS.value}
+    assert set(bare.signal_targets("decode")) == {
         Signal.KV_CACHE_USAGE,
         Signal.RUNNING_PER_POD,
         Signal.INTER_TOKEN_LATENCY,
     }
-    assert policy.prefill.tolerance == 0.1
-    assert policy.decode.scale_down.stabilization_seconds == 300
+    assert bare.signal_targets("decode") == {t.signal: t.value for t in DECODE_TARGETS.value}
+    assert (bare.scale_up_rules(), bare.scale_down_rules()) == (SCALE_UP.value, SCALE_DOWN.value)
+    assert bare.effective_tolerance() == TOLERANCE.value
     decision = run(policy, pods(2, waiting=12.0), pods(4, running=64.0, kv_cache_usage=0.5), (2, 4))
-    assert decision.roles.prefill.deciding_signal is Signal.WAITING_PER_POD
-    assert decision.roles.decode.deciding_signal is Signal.RUNNING_PER_POD
+    assert decision.roles["prefill"].deciding_signal is Signal.WAITING_PER_POD
+    assert decision.roles["decode"].deciding_signal is Signal.RUNNING_PER_POD
     # Prefill wants 6, +2 or doubling allows 4; decode wants 8, doubling allows it.
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (4, 8)
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (4, 8)
 
 
 def test_a_spike_scales_up_after_the_up_window_within_the_step_limit() -> None:
@@ -431,7 +463,7 @@ def test_history_keeps_only_what_the_windows_and_periods_need() -> None:
     loop = Loop(policy_of(prefill=BEHAVED), replicas=4)
     for _ in range(100):
         loop.step(40.0)
-    history = loop.history.prefill
+    history = loop.history["prefill"]
     assert all(r.at > loop.now - loop.tick - 300 for r in history.recommendations)
     assert len(history.recommendations) == 20  # 300 s of 15 s ticks
     assert all(e.at > loop.now - loop.tick - 60 for e in history.scale_events)
@@ -446,20 +478,20 @@ def test_a_period_spent_by_earlier_events_holds_even_when_a_bigger_step_is_wante
         pods(8, waiting=16.0),
         pods(1, running=32.0),
         (8, 1),
-        history=PerRole(history, RoleHistory()),
+        history=both(history, RoleHistory()),
     )
     # The period started at 4; +2 or +50% allows 6, which is below 8 already: hold, never down.
-    assert decision.roles.prefill.desired == 8
-    assert "step limit allows 8" in decision.roles.prefill.reason
+    assert decision.roles["prefill"].desired == 8
+    assert "step limit allows 8" in decision.roles["prefill"].reason
 
 
 def test_a_percent_scale_down_limit_still_removes_a_pod_from_a_small_role() -> None:
     prefill = role_policy(
         {Signal.WAITING_PER_POD: 4.0},
-        down=ScalingRules(stabilization_seconds=0, period_seconds=60, max_percent=10),
+        down=ScalingRules(stabilization_window_seconds=0, period_seconds=60, max_percent=10),
     )
     decision = run(policy_of(prefill=prefill), pods(3, waiting=0.0), pods(1, running=32.0), (3, 1))
-    assert decision.roles.prefill.desired == 2
+    assert decision.roles["prefill"].desired == 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,60 +501,63 @@ def test_a_percent_scale_down_limit_still_removes_a_pod_from_a_small_role() -> N
 def test_min_and_max_clamp_the_recommendation() -> None:
     prefill = role_policy({Signal.WAITING_PER_POD: 4.0}, min_replicas=2, max_replicas=6)
     flooded = run(policy_of(prefill=prefill), pods(4, waiting=40.0), pods(1, running=32.0), (4, 1))
-    assert flooded.roles.prefill.recommendation == 40
-    assert flooded.roles.prefill.desired == 6
-    assert "maxReplicas 6" in flooded.roles.prefill.reason
+    assert flooded.roles["prefill"].recommendation == 40
+    assert flooded.roles["prefill"].desired == 6
+    assert "maxReplicas 6" in flooded.roles["prefill"].reason
     idle = run(policy_of(prefill=prefill), pods(4, waiting=0.0), pods(1, running=32.0), (4, 1))
-    assert idle.roles.prefill.desired == 2
-    assert "minReplicas 2" in idle.roles.prefill.reason
+    assert idle.roles["prefill"].desired == 2
+    assert "minReplicas 2" in idle.roles["prefill"].reason
     below = run(policy_of(prefill=prefill), (), pods(1, running=32.0), (0, 1))
-    assert below.roles.prefill.desired == 2  # no data, but below its minimum: raised
+    assert below.roles["prefill"].desired == 2  # no data, but below its minimum: raised
 
 
 def test_the_ratio_band_raises_the_lagging_role_rather_than_cut_the_other() -> None:
-    band = RatioBand(0.5, 1.0)
+    band = RatioBand(min=0.5, max=1.0)
     decision = run(
         policy_of(ratio=band), pods(2, waiting=4.0), pods(4, running=64.0), (2, 4)
     )  # decode wants 8, prefill is content with 2: prefill rises to 4
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (4, 8)
-    assert "prefill:decode band [0.5, 1]: 2 -> 4" in decision.roles.prefill.reason
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (4, 8)
+    assert "prefill:decode band [0.5, 1]: 2 -> 4" in decision.roles["prefill"].reason
     assert decision.ratio_note is not None
     decision = run(policy_of(ratio=band), pods(4, waiting=8.0), pods(2, running=32.0), (4, 2))
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (8, 8)
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (8, 8)
 
 
 def test_the_ratio_band_cuts_a_role_when_the_other_is_at_its_maximum() -> None:
     prefill = role_policy({Signal.WAITING_PER_POD: 4.0}, max_replicas=3)
     decision = run(
-        policy_of(prefill=prefill, ratio=RatioBand(0.5, 1.0)),
+        policy_of(prefill=prefill, ratio=RatioBand(min=0.5, max=1.0)),
         pods(3, waiting=4.0),
         pods(4, running=64.0),  # decode wants 8, but 8 decode needs 4 prefill and max is 3
         (3, 4),
     )
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (3, 6)
-    assert "prefill:decode band" in decision.roles.decode.reason
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (3, 6)
+    assert "prefill:decode band" in decision.roles["decode"].reason
 
 
 def test_when_min_max_and_the_ratio_band_conflict_min_max_win() -> None:
     prefill = role_policy({Signal.WAITING_PER_POD: 4.0}, min_replicas=5, max_replicas=6)
     decode = role_policy({Signal.RUNNING_PER_POD: 32.0}, min_replicas=1, max_replicas=2)
     decision = run(
-        policy_of(prefill=prefill, decode=decode, ratio=RatioBand(0.5, 1.0)),
+        policy_of(prefill=prefill, decode=decode, ratio=RatioBand(min=0.5, max=1.0)),
         pods(5, waiting=4.0),
         pods(2, running=32.0),
         (5, 2),
     )  # 5..6 prefill for 1..2 decode is never within 0.5..1
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (5, 2)
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (5, 2)
     assert decision.ratio_note is not None and "min/max win" in decision.ratio_note
-    assert "min/max win" in decision.roles.prefill.reason
+    assert "min/max win" in decision.roles["prefill"].reason
 
 
 def test_the_ratio_band_uses_the_decimals_written_not_their_floats() -> None:
     """0.3 * 10 is 3.0000000000000004 in floats: 3 prefill for 10 decode is inside [0.3, 0.3]."""
     decision = run(
-        policy_of(ratio=RatioBand(0.3, 0.3)), pods(3, waiting=4.0), pods(10, running=32.0), (3, 10)
+        policy_of(ratio=RatioBand(min=0.3, max=0.3)),
+        pods(3, waiting=4.0),
+        pods(10, running=32.0),
+        (3, 10),
     )
-    assert (decision.roles.prefill.desired, decision.roles.decode.desired) == (3, 10)
+    assert (decision.roles["prefill"].desired, decision.roles["decode"].desired) == (3, 10)
     assert decision.ratio_note is None
 
 
@@ -534,14 +569,14 @@ def test_a_stale_scrape_holds_the_role_instead_of_scaling_it_down() -> None:
     fresh = pods(3, waiting=0.0)
     stale = pods(1, at=NOW - 61, waiting=0.0)
     decision = run(policy_of(), fresh + stale, pods(1, running=32.0), (4, 1))
-    prefill = decision.roles.prefill
+    prefill = decision.roles["prefill"]
     assert prefill.desired == 4
     assert prefill.held_for_missing_data
     assert prefill.readings[0].coverage is Coverage.PARTIAL
     assert "no scale-down on missing or stale metrics" in prefill.reason
     assert "waitingRequestsPerPod (3/4 Ready pods)" in prefill.reason
     # The same pods, all fresh: down it goes.
-    assert run(policy_of(), pods(4, waiting=0.0), pods(1), (4, 1)).roles.prefill.desired == 1
+    assert run(policy_of(), pods(4, waiting=0.0), pods(1), (4, 1)).roles["prefill"].desired == 1
 
 
 def test_missing_metrics_may_still_scale_up_on_what_is_present() -> None:
@@ -549,21 +584,13 @@ def test_missing_metrics_may_still_scale_up_on_what_is_present() -> None:
         policy_of(), pods(2, waiting=12.0) + pods(2, at=NOW - 600), pods(1, running=32.0), (4, 1)
     )
     # 24 waiting on the two pods heard from, the silent two counted as idle: 6 pods' worth.
-    assert decision.roles.prefill.desired == 6
-    assert decision.roles.prefill.readings[0].coverage is Coverage.PARTIAL
-
-
-def test_a_quorum_below_one_lets_a_role_scale_down_on_most_of_its_pods() -> None:
-    fresh, silent = pods(3, waiting=0.0), pods(1, at=NOW - 600)
-    strict = run(policy_of(), fresh + silent, pods(1, running=32.0), (4, 1))
-    lenient = run(policy_of(quorum=0.75), fresh + silent, pods(1, running=32.0), (4, 1))
-    assert strict.roles.prefill.desired == 4
-    assert lenient.roles.prefill.desired == 1
+    assert decision.roles["prefill"].desired == 6
+    assert decision.roles["prefill"].readings[0].coverage is Coverage.PARTIAL
 
 
 def test_no_metrics_at_all_holds() -> None:
     decision = run(policy_of(), pods(3), pods(2), (3, 2))
-    for result in (decision.roles.prefill, decision.roles.decode):
+    for result in (decision.roles["prefill"], decision.roles["decode"]):
         assert result.desired == result.current
         assert result.readings[0].coverage is Coverage.MISSING
         assert "no signal voted" in result.reason
@@ -573,18 +600,18 @@ def test_a_pod_that_is_not_ready_counts_neither_as_capacity_nor_as_a_source() ->
     ready = pods(2, waiting=12.0)  # 3x the target on the two pods that serve
     starting = pods(2, ready=False, waiting=0.0)  # would halve the mean if it counted
     decision = run(policy_of(), ready + starting, pods(1, running=32.0), (4, 1))
-    reading = decision.roles.prefill.readings[0]
+    reading = decision.roles["prefill"].readings[0]
     assert (reading.ready_pods, reading.reporting_pods, reading.value) == (2, 2, 12.0)
-    assert decision.roles.prefill.desired == 6  # ceil(2 Ready * 3), not ceil(4 * 1.5)
+    assert decision.roles["prefill"].desired == 6  # ceil(2 Ready * 3), not ceil(4 * 1.5)
     # Starting pods do not make the idle Ready ones look busy either, nor block the scale-down.
     idle = run(policy_of(), pods(2, waiting=0.0) + pods(2, ready=False), pods(1), (4, 1))
-    assert idle.roles.prefill.desired == 1
+    assert idle.roles["prefill"].desired == 1
 
 
 def test_a_role_with_no_ready_pod_holds() -> None:
     decision = run(policy_of(), pods(3, ready=False, waiting=0.0), pods(1, running=32.0), (3, 1))
-    assert decision.roles.prefill.desired == 3
-    assert decision.roles.prefill.readings[0].coverage is Coverage.MISSING
+    assert decision.roles["prefill"].desired == 3
+    assert decision.roles["prefill"].readings[0].coverage is Coverage.MISSING
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,14 +642,14 @@ def decode_serving(
 def test_an_acceptance_drop_at_the_same_load_scales_decode_up() -> None:
     policy = policy_of(decode=MTP_DECODE)
     as_expected = run(policy, pods(1, waiting=4.0), decode_serving(4, 1000.0, 2.0), (1, 4))
-    assert as_expected.roles.decode.desired == 4
-    acceptance = as_expected.roles.decode.acceptance
+    assert as_expected.roles["decode"].desired == 4
+    acceptance = as_expected.roles["decode"].acceptance
     assert acceptance is not None and acceptance.observed == pytest.approx(2.0)
     # The same 1000 tokens/s per pod (same request rate, same running requests), acceptance down
     # from 2 to 0.5 tokens per draft: each step yields 1.5 tokens instead of 3, so a pod's token
     # capacity halves and decode doubles.
     dropped = run(policy, pods(1, waiting=4.0), decode_serving(4, 1000.0, 0.5), (1, 4))
-    result = dropped.roles.decode
+    result = dropped.roles["decode"]
     assert result.desired == 8
     assert result.deciding_signal is Signal.DECODE_TOKENS_PER_POD
     by_signal = {reading.signal: reading for reading in result.readings}
@@ -632,14 +659,14 @@ def test_an_acceptance_drop_at_the_same_load_scales_decode_up() -> None:
     assert "MTP acceptance 0.50 vs expected 2.00" in result.reason
     # Better acceptance than expected gives capacity back.
     better = run(policy, pods(1, waiting=4.0), decode_serving(4, 1000.0, 3.5, running=16.0), (1, 4))
-    assert better.roles.decode.desired == 3
+    assert better.roles["decode"].desired == 3
 
 
 def test_an_idle_decode_has_no_token_opinion_and_no_acceptance() -> None:
     decision = run(
         policy_of(decode=MTP_DECODE), pods(1, waiting=4.0), decode_serving(4, 0, 2.0), (1, 4)
     )
-    result = decision.roles.decode
+    result = decision.roles["decode"]
     acceptance = result.acceptance
     assert acceptance is not None
     assert (acceptance.observed, acceptance.capacity_factor) == (None, 1.0)
@@ -649,11 +676,13 @@ def test_an_idle_decode_has_no_token_opinion_and_no_acceptance() -> None:
 
 
 def test_the_token_signal_needs_an_expected_acceptance() -> None:
-    with pytest.raises(ValueError, match="expected_acceptance_length"):
+    with pytest.raises(ValidationError, match="set expectedAcceptanceLength"):
         role_policy({Signal.DECODE_TOKENS_PER_POD: 1000.0})
-    with_mtp = default_role_policy(Role.DECODE, expected_acceptance_length=1.5)
-    assert Signal.DECODE_TOKENS_PER_POD in with_mtp.targets
-    assert Signal.DECODE_TOKENS_PER_POD not in default_role_policy(Role.DECODE).targets
+    with_mtp = RoleAutoscaling(min_replicas=1, max_replicas=8, expected_acceptance_length=1.5)
+    tokens = MTP_DECODE_TARGETS.value[0]
+    assert with_mtp.signal_targets("decode")[tokens.signal] == tokens.value
+    without = RoleAutoscaling(min_replicas=1, max_replicas=8)
+    assert Signal.DECODE_TOKENS_PER_POD not in without.signal_targets("decode")
 
 
 def test_an_acceptance_drop_in_a_closed_loop_scales_decode_up_once_and_settles() -> None:
@@ -661,8 +690,9 @@ def test_an_acceptance_drop_in_a_closed_loop_scales_decode_up_once_and_settles()
     keep up. Acceptance falls from 2 to 0.8 after 10 minutes: 4 pods' worth of tokens now takes
     the steps of 4 * 3 / 1.8 = 6.7 pods, so decode goes to 7 (within the step limits) and stays.
     The running requests, unadjusted, stay at their target by construction: they do not vote."""
-    decode = replace(MTP_DECODE, scale_up=BEHAVED.scale_up, scale_down=BEHAVED.scale_down)
-    replicas, history, now = 4, EMPTY, NOW
+    decode = MTP_DECODE.model_copy(update={"behavior": BEHAVED.behavior})
+    replicas, now = 4, NOW
+    history: Mapping[EngineRole, RoleHistory] = EMPTY
     demand = 4 * 1000.0
     seen = []
     for tick in range(120):
@@ -677,12 +707,12 @@ def test_an_acceptance_drop_in_a_closed_loop_scales_decode_up_once_and_settles()
         )
         decision = decide(
             policy_of(decode=decode),
-            PerRole(pods(1, at=now, waiting=4.0), current),
-            PerRole(1, replicas),
+            both(pods(1, at=now, waiting=4.0), current),
+            both(1, replicas),
             history,
             now,
         )
-        replicas, history = decision.roles.decode.desired, decision.history
+        replicas, history = decision.roles["decode"].desired, decision.history
         seen.append(replicas)
         now += 15
     assert set(seen[:40]) == {4}
@@ -704,7 +734,7 @@ def test_lower_acceptance_never_lowers_the_decode_recommendation(
 
     def recommendation(accepted_per_draft: float) -> int:
         decode = decode_serving(ready, tokens, accepted_per_draft)
-        return run(policy, pods(1, waiting=4.0), decode, (1, ready)).roles.decode.recommendation
+        return run(policy, pods(1, waiting=4.0), decode, (1, ready)).roles["decode"].recommendation
 
     assert recommendation(high * (1 - drop)) >= recommendation(high)
 
@@ -735,36 +765,37 @@ def pod_observations(draw: st.DrawFn, role: str) -> PodObservation:
 
 
 @st.composite
-def role_policies(draw: st.DrawFn, role: Role) -> RolePolicy:
+def role_policies(draw: st.DrawFn, role: EngineRole) -> RoleAutoscaling:
     low = draw(st.integers(1, 6))
     high = draw(st.integers(low, 12))
-    base = default_role_policy(role, low, high)
     targets = {
         Signal.WAITING_PER_POD: draw(st.floats(0.5, 50)),
         Signal.RUNNING_PER_POD: draw(st.floats(1, 100)),
         Signal.KV_CACHE_USAGE: draw(st.floats(0.1, 1)),
     }
-    expected = draw(st.one_of(st.none(), st.floats(0, 3)))
+    # The API refuses the spec-decode signal and its acceptance on a prefill (it drafts nothing).
+    expected = None if role == "prefill" else draw(st.one_of(st.none(), st.floats(0, 3)))
     if expected is not None:
         targets[Signal.DECODE_TOKENS_PER_POD] = draw(st.floats(10, 5000))
     chosen = draw(st.lists(st.sampled_from(sorted(targets)), unique=True, max_size=4))
     up = ScalingRules(
-        stabilization_seconds=draw(st.sampled_from([0, 30, 120])),
+        stabilization_window_seconds=draw(st.sampled_from([0, 30, 120])),
         period_seconds=60,
         max_pods=draw(st.one_of(st.none(), st.integers(1, 4))),
-        max_percent=draw(st.one_of(st.none(), st.sampled_from([10.0, 50.0, 100.0]))),
+        max_percent=draw(st.one_of(st.none(), st.sampled_from([10, 50, 100]))),
     )
     down = ScalingRules(
-        stabilization_seconds=draw(st.sampled_from([0, 60, 300])),
+        stabilization_window_seconds=draw(st.sampled_from([0, 60, 300])),
         period_seconds=60,
         max_pods=draw(st.one_of(st.none(), st.integers(1, 3))),
-        max_percent=draw(st.one_of(st.none(), st.sampled_from([10.0, 50.0]))),
+        max_percent=draw(st.one_of(st.none(), st.sampled_from([10, 50]))),
     )
-    return replace(
-        base,
-        targets={signal: targets[signal] for signal in chosen},
-        scale_up=up,
-        scale_down=down,
+    return RoleAutoscaling(
+        min_replicas=low,
+        max_replicas=high,
+        # None chosen: the role's defaults.
+        targets=[Target(signal=s, value=targets[s]) for s in chosen] or None,
+        behavior=Behavior(scale_up=up, scale_down=down),
         tolerance=draw(st.sampled_from([0.0, 0.1, 0.3])),
         expected_acceptance_length=expected,
     )
@@ -773,7 +804,7 @@ def role_policies(draw: st.DrawFn, role: Role) -> RolePolicy:
 ratio_bands = st.one_of(
     st.none(),
     st.tuples(st.sampled_from([0.2, 0.25, 0.3, 0.5, 1.0]), st.sampled_from([1.0, 1.5, 2.0])).map(
-        lambda pair: RatioBand(min(pair), max(pair))
+        lambda pair: RatioBand(min=min(pair), max=max(pair))
     ),
 )
 
@@ -799,11 +830,11 @@ def histories(draw: st.DrawFn) -> RoleHistory:
 
 @dataclass(frozen=True)
 class Case:
-    policy: AutoscalingPolicy
+    policy: AutoscalingSpec
     prefill: tuple[PodObservation, ...]
     decode: tuple[PodObservation, ...]
     current: tuple[int, int]
-    history: PerRole[RoleHistory]
+    history: Mapping[EngineRole, RoleHistory]
 
     def decide(self) -> Decision:
         return run(self.policy, self.prefill, self.decode, self.current, self.history)
@@ -811,11 +842,10 @@ class Case:
 
 @st.composite
 def cases(draw: st.DrawFn, ratio: bool = True) -> Case:
-    policy = AutoscalingPolicy(
-        draw(role_policies(Role.PREFILL)),
-        draw(role_policies(Role.DECODE)),
-        draw(ratio_bands) if ratio else None,
-        quorum=draw(st.sampled_from([0.5, 1.0])),
+    policy = AutoscalingSpec(
+        prefill=draw(role_policies("prefill")),
+        decode=draw(role_policies("decode")),
+        ratio=draw(ratio_bands) if ratio else None,
     )
     current = (draw(st.integers(0, 15)), draw(st.integers(0, 15)))
     return Case(
@@ -823,17 +853,18 @@ def cases(draw: st.DrawFn, ratio: bool = True) -> Case:
         tuple(draw(st.lists(pod_observations("prefill"), max_size=8))),
         tuple(draw(st.lists(pod_observations("decode"), max_size=8))),
         current,
-        PerRole(draw(histories()), draw(histories())),
+        both(draw(histories()), draw(histories())),
     )
 
 
-def band_is_reachable(policy: AutoscalingPolicy) -> bool:
+def band_is_reachable(policy: AutoscalingSpec) -> bool:
     assert policy.ratio is not None
     low, high = Fraction(repr(policy.ratio.min)), Fraction(repr(policy.ratio.max))
+    prefill, decode = scaling(policy, "prefill"), scaling(policy, "decode")
     return any(
         low <= Fraction(p, d) <= high
-        for p in range(policy.prefill.min_replicas, policy.prefill.max_replicas + 1)
-        for d in range(policy.decode.min_replicas, policy.decode.max_replicas + 1)
+        for p in range(prefill.min_replicas, prefill.max_replicas + 1)
+        for d in range(decode.min_replicas, decode.max_replicas + 1)
     )
 
 
@@ -844,9 +875,10 @@ PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 @given(cases())
 def test_every_decision_stays_within_min_max_and_the_reachable_ratio_band(case: Case) -> None:
     decision = case.decide()
-    prefill, decode = decision.roles.prefill.desired, decision.roles.decode.desired
-    assert case.policy.prefill.min_replicas <= prefill <= case.policy.prefill.max_replicas
-    assert case.policy.decode.min_replicas <= decode <= case.policy.decode.max_replicas
+    prefill, decode = decision.roles["prefill"].desired, decision.roles["decode"].desired
+    for role, count in both(prefill, decode).items():
+        bounds = scaling(case.policy, role)
+        assert bounds.min_replicas <= count <= bounds.max_replicas
     band = case.policy.ratio
     if band is not None:
         inside = Fraction(repr(band.min)) <= Fraction(prefill, decode) <= Fraction(repr(band.max))
@@ -854,7 +886,7 @@ def test_every_decision_stays_within_min_max_and_the_reachable_ratio_band(case: 
         assert (decision.ratio_note is not None and "min/max win" in decision.ratio_note) == (
             not inside
         )
-    for result in (decision.roles.prefill, decision.roles.decode):
+    for result in (decision.roles["prefill"], decision.roles["decode"]):
         assert result.reason.startswith(f"{result.role} ")
         assert result.changed == (result.desired != result.current)
 
@@ -863,9 +895,9 @@ def test_every_decision_stays_within_min_max_and_the_reachable_ratio_band(case: 
 @given(cases(ratio=False))
 def test_missing_or_stale_data_never_scales_a_role_down(case: Case) -> None:
     decision = case.decide()
-    for role in Role:
+    for role in ENGINE_ROLES:
         result = decision.roles[role]
-        rules = case.policy[role]
+        rules = scaling(case.policy, role)
         incomplete = any(
             r.coverage in (Coverage.PARTIAL, Coverage.MISSING) for r in result.readings
         )
@@ -914,7 +946,7 @@ def test_more_load_never_lowers_a_recommendation(case: Case, factor: float) -> N
         decode=tuple(map(heavier, case.decode)),
     )
     before, after = case.decide(), loaded.decide()
-    for role in Role:
+    for role in ENGINE_ROLES:
         assert after.roles[role].recommendation >= before.roles[role].recommendation
         assert after.roles[role].desired >= before.roles[role].desired
 
@@ -923,9 +955,9 @@ def test_more_load_never_lowers_a_recommendation(case: Case, factor: float) -> N
 @given(cases(ratio=False))
 def test_a_scale_up_stays_within_its_step_limit(case: Case) -> None:
     decision = case.decide()
-    for role in Role:
-        result, rules = decision.roles[role], case.policy[role].scale_up
-        if result.current < case.policy[role].min_replicas:
+    for role in ENGINE_ROLES:
+        result, rules = decision.roles[role], scaling(case.policy, role).scale_up_rules()
+        if result.current < scaling(case.policy, role).min_replicas:
             continue  # raised to the minimum, whatever the step
         start = result.current - sum(
             e.after - e.before
@@ -957,7 +989,7 @@ def test_a_scale_up_stays_within_its_step_limit(case: Case) -> None:
 def test_noise_inside_the_tolerance_band_never_moves_the_count(
     seed: int, replicas: int, tolerance: float
 ) -> None:
-    prefill = replace(BEHAVED, tolerance=tolerance, max_replicas=20)
+    prefill = BEHAVED.model_copy(update={"tolerance": tolerance})
     loop = Loop(policy_of(prefill=prefill), replicas=replicas)
     rng = random.Random(seed)
     for _ in range(480):  # two hours of 15 s evaluations

@@ -16,15 +16,19 @@ ratio band, and a rollout in progress takes the new count without restarting.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import ConfigDict, Field
 
 from pdmtp.api.base import Model
 from pdmtp.api.corev1 import ListMap
 from pdmtp.api.rules import Rule, cel_list, cel_role_k, model_rules
+from pdmtp.api.vocabulary import EngineRole
+
+T = TypeVar("T")
 
 
 class Signal(StrEnum):
@@ -50,6 +54,58 @@ SPEC_DECODE_SIGNALS = (Signal.DECODE_TOKENS_PER_POD,)
 """Signals read off vLLM's spec-decode counters, which only a speculating decode moves."""
 
 
+@dataclass(frozen=True)
+class Default(Generic[T]):
+    """One default of spec.autoscaling, the only place its value is written: the model's field
+    default, the CRD's description ("Default: ..."), the scaler and the README's table read it."""
+
+    field: str
+    """The field under spec.autoscaling as the CRD spells it; `<role>` stands for prefill and
+    decode, `<direction>` for scaleUp and scaleDown."""
+    value: T
+    meaning: str
+    """What the default does and why it is this value."""
+    case: str = ""
+    """When it applies, where a field has one default per case."""
+
+    @property
+    def shown(self) -> str:
+        """The value as a reader would write it."""
+        return _shown(self.value)
+
+    @property
+    def wire(self) -> Any:
+        """The value as the API server holds it (JSON, camelCase)."""
+        if isinstance(self.value, tuple):
+            return [_wire(item) for item in self.value]
+        return _wire(self.value)
+
+    @property
+    def sentence(self) -> str:
+        case = f" ({self.case})" if self.case else ""
+        return f"Default{case}: {self.shown}."
+
+    @property
+    def description(self) -> str:
+        return f"{self.meaning} {self.sentence}"
+
+
+def _wire(value: object) -> Any:
+    if isinstance(value, Model):
+        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return str(value) if isinstance(value, StrEnum) else value
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return ", ".join(_shown(item) for item in value)
+    if isinstance(value, Target):
+        return f"{value.signal} {value.value:g}"
+    if isinstance(value, Model):
+        return "{" + ", ".join(f"{k}: {v:g}" for k, v in _wire(value).items()) + "}"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 FRACTION_RULE = Rule(
     f"!(self.signal in {cel_list(FRACTION_SIGNALS)}) || self.value <= 1.0",
     "spec.autoscaling.<role>.targets: "
@@ -66,12 +122,19 @@ class Target(Model):
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
     # Not strict: the wire carries the enum's string value.
-    signal: Signal = Field(strict=False, description="The signal (README: Autoscaling).")
+    signal: Signal = Field(
+        strict=False, description='The signal (docs/guide.md, "Autoscaling": what each one reads).'
+    )
     value: float = Field(
         ge=1e-6,
         le=1e9,
         description="Target value: per Ready pod for the per-pod signals, seconds for latencies.",
     )
+
+
+PERIOD = Default(
+    "<role>.behavior.<direction>.periodSeconds", 60, "The period the step limits count over."
+)
 
 
 class ScalingRules(Model):
@@ -85,9 +148,7 @@ class ScalingRules(Model):
             "used: a short spike or dip does not move the count."
         ),
     )
-    period_seconds: int = Field(
-        default=60, ge=1, le=1800, description="The period the step limits count over."
-    )
+    period_seconds: int = Field(default=PERIOD.value, ge=1, le=1800, description=PERIOD.description)
     max_pods: int | None = Field(
         default=None, ge=1, le=1000, description="At most this many pods per period."
     )
@@ -98,17 +159,36 @@ class ScalingRules(Model):
         description="At most this percent of the pods per period (the larger limit applies).",
     )
 
+    def limits_or(self, default: ScalingRules) -> ScalingRules:
+        """This direction, with the default's step limits and period when it sets no limit of
+        its own (an HPA behavior without policies keeps the default ones too)."""
+        if self.max_pods is not None or self.max_percent is not None:
+            return self
+        window = self.stabilization_window_seconds
+        return default.model_copy(update={"stabilization_window_seconds": window})
+
+
+SCALE_UP = Default(
+    "<role>.behavior.scaleUp",
+    ScalingRules(stabilization_window_seconds=30, max_pods=2, max_percent=100),
+    "A load must stay high for the whole window (one noisy scrape does not buy a GPU pod), then "
+    "the larger of the two steps a period: an engine takes minutes to load its weights, so a "
+    "bigger step only piles up pending pods.",
+)
+SCALE_DOWN = Default(
+    "<role>.behavior.scaleDown",
+    ScalingRules(stabilization_window_seconds=300, max_pods=1),
+    "HPA's window: a dip must last all of it; then slow steps, since each removal drains its "
+    "pod's requests.",
+)
+
 
 class Behavior(Model):
     """Stabilisation and step limits per direction; an omitted direction keeps its defaults, and
     a direction without maxPods or maxPercent keeps its default step limits."""
 
-    scale_up: ScalingRules | None = Field(
-        default=None, description="Default: a 30 s window, then +2 pods or +100% a minute."
-    )
-    scale_down: ScalingRules | None = Field(
-        default=None, description="Default: a 300 s window, then 1 pod a minute."
-    )
+    scale_up: ScalingRules | None = Field(default=None, description=SCALE_UP.description)
+    scale_down: ScalingRules | None = Field(default=None, description=SCALE_DOWN.description)
 
 
 _OPERATOR_ONLY = ("targets", "behavior", "tolerance", "expectedAcceptanceLength")
@@ -154,29 +234,75 @@ TARGETS_GIVEN_RULE = Rule(
 )
 
 
+SOURCE: Default[Source] = Default(
+    "<role>.source",
+    OPERATOR,
+    "Operator: the operator's scaler decides from the engines' metrics. External: an HPA/KEDA "
+    "(or kubectl scale) sets the role's PDRoleScale (`<name>-<role>`); the operator keeps it "
+    "within min/max and the ratio band.",
+)
+TOLERANCE = Default(
+    "<role>.tolerance",
+    0.1,
+    "No signal moves the count while observed/target is within 1 +- this (HPA's band).",
+)
+PREFILL_TARGETS = Default(
+    "<role>.targets",
+    (Target(signal=Signal.WAITING_PER_POD, value=4.0), Target(signal=Signal.QUEUE_TIME, value=0.5)),
+    "A prefill runs each prompt once and hands it on: arrivals beyond it first grow its queue; "
+    "queue time is the part of TTFT that more pods remove.",
+    case="prefill",
+)
+DECODE_TARGETS = Default(
+    "<role>.targets",
+    (
+        Target(signal=Signal.KV_CACHE_USAGE, value=0.8),
+        Target(signal=Signal.RUNNING_PER_POD, value=32.0),
+        Target(signal=Signal.INTER_TOKEN_LATENCY, value=0.05),
+    ),
+    "A decode holds every running request's KV (a full cache preempts and recomputes), its batch "
+    "sets its token rate, and ITL is what a user feels (keep it above an idle engine's ITL).",
+    case="decode",
+)
+MTP_DECODE_TARGETS = Default(
+    "<role>.targets",
+    (Target(signal=Signal.DECODE_TOKENS_PER_POD, value=2000.0),),
+    "Tokens per second one decode pod sustains at expectedAcceptanceLength: a placeholder, to "
+    "replace with a benchmark's figure.",
+    case="decode with expectedAcceptanceLength, in addition",
+)
+TARGET_DEFAULTS = (PREFILL_TARGETS, DECODE_TARGETS, MTP_DECODE_TARGETS)
+
+
+def default_targets(
+    role: EngineRole, expected_acceptance_length: float | None
+) -> tuple[Target, ...]:
+    """A role's targets when its spec names none (a decode told its MTP acceptance also sizes on
+    the tokens it emits)."""
+    if role == "prefill":
+        return PREFILL_TARGETS.value
+    if expected_acceptance_length is None:
+        return DECODE_TARGETS.value
+    return DECODE_TARGETS.value + MTP_DECODE_TARGETS.value
+
+
 class RoleAutoscaling(Model):
     """How one engine role scales."""
 
     RULES = (MIN_MAX_RULE, EXTERNAL_FIELDS_RULE, TOKENS_NEED_ACCEPTANCE_RULE, TARGETS_GIVEN_RULE)
     model_config = ConfigDict(json_schema_extra=model_rules(*RULES))
 
-    source: Source = Field(
-        default=OPERATOR,
-        description=(
-            "Operator: the operator's scaler decides from the engines' metrics. External: an "
-            "HPA/KEDA (or kubectl scale) sets the PDRoleScale <name>-<role>; the operator keeps "
-            "it within min/max and the ratio band."
-        ),
-    )
+    source: Source = Field(default=SOURCE.value, description=SOURCE.description)
     min_replicas: int = Field(ge=1, le=1000, description="Never fewer pods than this.")
     max_replicas: int = Field(ge=1, le=1000, description="Never more pods than this.")
     targets: Annotated[list[Target], ListMap("signal")] | None = Field(
         default=None,
         max_length=7,
-        description=(
-            "Signals and their targets; the largest count any of them asks for wins. Omitted: the "
-            "role's defaults (prefill: waitingRequestsPerPod 4, queueTimeSeconds 0.5; decode: "
-            "kvCacheUsage 0.8, runningRequestsPerPod 32, interTokenLatencySeconds 0.05)."
+        description=" ".join(
+            [
+                "Signals and their targets; the largest count any of them asks for wins.",
+                *(row.sentence for row in TARGET_DEFAULTS),
+            ]
         ),
     )
     behavior: Behavior | None = Field(
@@ -186,7 +312,7 @@ class RoleAutoscaling(Model):
         default=None,
         ge=0,
         le=0.99,
-        description="No signal moves the count while observed/target is within 1 +- this (0.1).",
+        description=TOLERANCE.description,
     )
     expected_acceptance_length: float | None = Field(
         default=None,
@@ -197,6 +323,26 @@ class RoleAutoscaling(Model):
             "measured; the target is scaled by (1 + observed) / (1 + this)."
         ),
     )
+
+    def signal_targets(self, role: EngineRole) -> dict[Signal, float]:
+        """The target per signal the operator's scaler reads: those written, else the role's
+        defaults; none for an External role, whose HPA has its own."""
+        if self.source == EXTERNAL:
+            return {}
+        written = None if self.targets is None else tuple(self.targets)
+        chosen = written or default_targets(role, self.expected_acceptance_length)
+        return {target.signal: target.value for target in chosen}
+
+    def scale_up_rules(self) -> ScalingRules:
+        written = None if self.behavior is None else self.behavior.scale_up
+        return (written or SCALE_UP.value).limits_or(SCALE_UP.value)
+
+    def scale_down_rules(self) -> ScalingRules:
+        written = None if self.behavior is None else self.behavior.scale_down
+        return (written or SCALE_DOWN.value).limits_or(SCALE_DOWN.value)
+
+    def effective_tolerance(self) -> float:
+        return TOLERANCE.value if self.tolerance is None else self.tolerance
 
 
 class RatioBand(Model):
@@ -215,7 +361,8 @@ class RatioBand(Model):
     max: float = Field(ge=0.001, le=1000, description="Highest prefill:decode ratio, e.g. 2.")
 
 
-def _bounds(spec: Any, role: str) -> tuple[int, int]:
+def replica_bounds(spec: Any, role: str) -> tuple[int, int]:
+    """A role's min/max replicas; a role without autoscaling keeps its replicas."""
     scaling = getattr(spec.autoscaling, role)
     if scaling is None:
         replicas: int = getattr(spec, role).replicas
@@ -235,7 +382,10 @@ def band_reachable(spec: Any) -> bool:
     if ratio is None:
         return True
     low, high = exact(ratio.min), exact(ratio.max)
-    (p_low, p_high), (d_low, d_high) = _bounds(spec, "prefill"), _bounds(spec, "decode")
+    (p_low, p_high), (d_low, d_high) = (
+        replica_bounds(spec, "prefill"),
+        replica_bounds(spec, "decode"),
+    )
     return any(
         max(p_low, math.ceil(low * decode)) <= min(p_high, math.floor(high * decode))
         for decode in range(d_low, d_high + 1)
@@ -306,6 +456,18 @@ STALENESS_RULE = Rule(
 )
 
 
+INTERVAL = Default(
+    "intervalSeconds",
+    15,
+    "Seconds between two scrapes and decisions (the windowed means span one).",
+)
+STALE_AFTER = Default(
+    "staleAfterSeconds",
+    60,
+    "A pod's scrape older than this counts as missing: no scale-down on it.",
+)
+
+
 class AutoscalingSpec(Model):
     """Per-role autoscaling within a prefill:decode band."""
 
@@ -323,16 +485,10 @@ class AutoscalingSpec(Model):
         description="prefill:decode replicas no decision may leave (min/max replicas win).",
     )
     interval_seconds: int = Field(
-        default=15,
-        ge=1,
-        le=600,
-        description="Seconds between two scrapes and decisions (the windowed means span one).",
+        default=INTERVAL.value, ge=1, le=600, description=INTERVAL.description
     )
     stale_after_seconds: int = Field(
-        default=60,
-        ge=1,
-        le=3600,
-        description="A pod's scrape older than this counts as missing: no scale-down on it.",
+        default=STALE_AFTER.value, ge=1, le=3600, description=STALE_AFTER.description
     )
 
     def role(self, role: str) -> RoleAutoscaling | None:
@@ -381,3 +537,26 @@ ACCEPTANCE_WITHIN_K_RULE = Rule(
 )
 AUTOSCALING_SPEC_RULES = (SPEC_DECODE_NEEDS_SPECULATIVE_RULE, ACCEPTANCE_WITHIN_K_RULE)
 """Rules over the whole spec (they read spec.speculative and the roles' k)."""
+
+
+AUTOSCALING_DEFAULTS: tuple[Default[Any], ...] = (
+    INTERVAL,
+    STALE_AFTER,
+    SOURCE,
+    *TARGET_DEFAULTS,
+    TOLERANCE,
+    SCALE_UP,
+    SCALE_DOWN,
+    PERIOD,
+)
+"""Every default of spec.autoscaling, in the order the README lists them."""
+
+
+def defaults_markdown() -> str:
+    """The README's table of autoscaling defaults (rendered, never written by hand)."""
+    lines = ["| field under `spec.autoscaling` | default | why |", "|---|---|---|"]
+    for row in AUTOSCALING_DEFAULTS:
+        case = f" ({row.case})" if row.case else ""
+        cells = (f"`{row.field}`{case}", f"`{row.shown}`", row.meaning)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"

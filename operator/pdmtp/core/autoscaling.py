@@ -1,8 +1,10 @@
 """Elastic P/D: how many prefill and decode pods the load asks for, decided as a pure function.
 
-`decide(policy, pods, current, history, now)` takes the engines' own metrics per pod (already
-parsed, see `pdmtp.core.promtext`), each pod's Ready flag, the replicas each role has now, the
-recommendations and scale events of the last minutes and the time, and returns per role the
+`decide(spec, pods, current, history, now)` takes spec.autoscaling as the API types it (its
+defaults resolved by `pdmtp.api.autoscaling`, the one place they are written), the engines' own
+metrics per pod (already parsed, see `pdmtp.core.promtext`), each pod's Ready flag, the replicas
+each role has now, the recommendations and scale events of the last minutes and the time, and
+returns per role the
 desired replicas, the raw recommendation, the signal that decided, a reason a human can read and
 every signal value it used, plus the history to hand back next time. No clock, no I/O: the caller
 scrapes, stores the history and writes the replicas.
@@ -11,13 +13,13 @@ Per role, in this order (each step names itself in the reason when it changed th
 
 1. Signals. Each configured signal gives a desired count the way HPA does,
    `ceil(ready * observed / target)` over the role's Ready pods, or exactly the current count when
-   `observed / target` is within the tolerance band (HPA's 10% by default). A signal never votes
+   `observed / target` is within the tolerance band (as HPA's). A signal never votes
    against its own direction: above target it never asks for fewer pods than there are.
 2. Recommendation: the largest vote, and the signal that cast it decides.
-3. Missing data holds. A Ready pod without a fresh scrape (older than `staleness_seconds`) or
+3. Missing data holds. A Ready pod without a fresh scrape (older than `staleAfterSeconds`) or
    without the metric makes its signal incomplete; an incomplete signal may still ask for more
    pods on what it has (counting the silent pods as idle, so it never over-asks), but the role is
-   not scaled down until a quorum of its Ready pods report every configured signal again. A
+   not scaled down until every Ready pod reports every configured signal again. A
    windowed signal with no request in the window is quiet, not missing: an idle role may shrink.
 4. Stabilisation, as HPA's `behavior`: the count used is the lowest recommendation of the
    scale-up window (a short spike does not buy pods) and the highest of the scale-down window (a
@@ -38,7 +40,7 @@ The band wins over step limits and the hold, because it is the one invariant the
 no decision leaves: a role may then move further than its step, or down on missing data when the
 other role is at its max.
 
-Default signals, and why:
+Default signals (their targets are in `pdmtp.api.autoscaling.AUTOSCALING_DEFAULTS`), and why:
 
 - prefill: `waitingRequestsPerPod` (vllm:num_requests_waiting) and `queueTimeSeconds`
   (windowed mean of vllm:request_queue_time_seconds). A P/D prefill pod runs each prompt once
@@ -61,7 +63,7 @@ measured acceptance length: accepted tokens per draft, the deltas of
 vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts between two scrapes, over the
 role's Ready pods. A step costs the same whatever is accepted (it verifies every drafted token),
 so a pod's token capacity is proportional to `1 + a`. The target is the tokens per second a pod
-sustains at the policy's `expected_acceptance_length` (from a benchmark); the effective target is
+sustains at the role's `expectedAcceptanceLength` (from a benchmark); the effective target is
 `target * (1 + a_observed) / (1 + a_expected)`, and the observed value is the tokens the pods
 emit per second (delta accepted + delta drafts, per pod). Equivalently it compares request-steps
 per second (one draft per running request per step) with the pod's step capacity: the demand in
@@ -84,52 +86,33 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
-from typing import Generic, TypeVar
 
-from pdmtp.api.autoscaling import Signal, exact
+from pdmtp.api.autoscaling import (
+    EXTERNAL,
+    AutoscalingSpec,
+    RatioBand,
+    RoleAutoscaling,
+    Signal,
+    exact,
+)
+from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.promtext import HistogramTotals, Scrape
-
-T = TypeVar("T")
 
 __all__ = [
     "Acceptance",
-    "AutoscalingPolicy",
     "Coverage",
     "Decision",
     "HistogramTotals",
-    "PerRole",
     "PodObservation",
-    "RatioBand",
     "Recommendation",
-    "Role",
     "RoleDecision",
     "RoleHistory",
-    "RolePolicy",
     "ScaleEvent",
-    "ScalingRules",
     "Scrape",
     "Signal",
     "SignalReading",
     "decide",
-    "default_policy",
-    "default_role_policy",
 ]
-
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-@dataclass(frozen=True)
-class PerRole(Generic[T]):
-    """One value per role."""
-
-    prefill: T
-    decode: T
-
-    def __getitem__(self, role: Role) -> T:
-        return self.prefill if role is Role.PREFILL else self.decode
 
 
 # Per-pod gauges: the role's value is their mean over the reporting pods.
@@ -144,146 +127,6 @@ _WINDOWED: dict[Signal, Callable[[Scrape], HistogramTotals | None]] = {
     Signal.TIME_TO_FIRST_TOKEN: lambda scrape: scrape.time_to_first_token,
     Signal.INTER_TOKEN_LATENCY: lambda scrape: scrape.inter_token_latency,
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# Policy
-
-
-@dataclass(frozen=True)
-class ScalingRules:
-    """One direction of HPA-style `behavior`: a stabilisation window and step limits."""
-
-    stabilization_seconds: float
-    period_seconds: float = 60.0
-    max_pods: int | None = None
-    """At most this many pods per period (None: no pod-count limit)."""
-    max_percent: float | None = None
-    """At most this percent of the pods at the start of the period (None: no percent limit).
-    With both set, the larger change is allowed, as HPA's default selectPolicy: Max."""
-
-    def __post_init__(self) -> None:
-        if self.stabilization_seconds < 0 or self.period_seconds <= 0:
-            raise ValueError("stabilization_seconds must be >= 0 and period_seconds > 0")
-        if self.max_pods is not None and self.max_pods < 1:
-            raise ValueError("max_pods must be at least 1")
-        if self.max_percent is not None and self.max_percent <= 0:
-            raise ValueError("max_percent must be positive")
-
-
-DEFAULT_SCALE_UP = ScalingRules(
-    stabilization_seconds=30, period_seconds=60, max_pods=2, max_percent=100
-)
-"""A sample must stay high for 30 s (one noisy scrape does not buy a GPU pod); then up to
-doubling, or +2 pods, per minute: engines take minutes to load weights, so a bigger step
-only piles up pending pods."""
-DEFAULT_SCALE_DOWN = ScalingRules(stabilization_seconds=300, period_seconds=60, max_pods=1)
-"""HPA's 5-minute window, then one pod a minute: each removal drains that pod's requests."""
-
-
-@dataclass(frozen=True)
-class RolePolicy:
-    """How one role scales."""
-
-    min_replicas: int
-    max_replicas: int
-    targets: Mapping[Signal, float]
-    """Target value per signal (per pod for the per-pod ones); a signal not here is off."""
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
-    tolerance: float = 0.1
-    """No signal moves the count while observed/target is within 1 +- tolerance."""
-    expected_acceptance_length: float | None = None
-    """Accepted tokens per draft at which the decodeTokensPerSecondPerPod target was measured
-    (MTP); that signal needs it."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_replicas <= self.max_replicas:
-            raise ValueError("need 1 <= min_replicas <= max_replicas")
-        if any(target <= 0 for target in self.targets.values()):
-            raise ValueError("every target must be positive")
-        if not 0 <= self.tolerance < 1:
-            raise ValueError("tolerance must be in [0, 1)")
-        if self.expected_acceptance_length is not None and self.expected_acceptance_length < 0:
-            raise ValueError("expected_acceptance_length must be >= 0")
-        if Signal.DECODE_TOKENS_PER_POD in self.targets and self.expected_acceptance_length is None:
-            raise ValueError(f"{Signal.DECODE_TOKENS_PER_POD} needs expected_acceptance_length")
-
-
-@dataclass(frozen=True)
-class RatioBand:
-    """prefill replicas / decode replicas stays within [min, max]."""
-
-    min: float
-    max: float
-
-    def __post_init__(self) -> None:
-        if not 0 < self.min <= self.max:
-            raise ValueError("need 0 < ratio min <= ratio max")
-
-
-@dataclass(frozen=True)
-class AutoscalingPolicy:
-    prefill: RolePolicy
-    decode: RolePolicy
-    ratio: RatioBand | None = None
-    staleness_seconds: float = 60.0
-    """A scrape older than this is as good as none."""
-    quorum: float = 1.0
-    """Fraction of a role's Ready pods that must report a signal before it may vote down."""
-
-    def __post_init__(self) -> None:
-        if self.staleness_seconds <= 0:
-            raise ValueError("staleness_seconds must be positive")
-        if not 0 < self.quorum <= 1:
-            raise ValueError("quorum must be in (0, 1]")
-
-    def __getitem__(self, role: Role) -> RolePolicy:
-        return self.prefill if role is Role.PREFILL else self.decode
-
-
-DEFAULT_TARGETS: PerRole[Mapping[Signal, float]] = PerRole(
-    prefill={Signal.WAITING_PER_POD: 4.0, Signal.QUEUE_TIME: 0.5},
-    decode={
-        Signal.KV_CACHE_USAGE: 0.8,
-        Signal.RUNNING_PER_POD: 32.0,
-        Signal.INTER_TOKEN_LATENCY: 0.05,
-    },
-)
-"""Starting points, not truths: the numbers depend on the model and the GPU (tune from a
-benchmark); the choice of signals is argued in the module docstring."""
-
-
-DEFAULT_DECODE_TOKENS_PER_POD = 2000.0
-"""Decode tokens per second one pod sustains at the expected acceptance: a placeholder to
-replace with the benchmark's figure."""
-
-
-def default_role_policy(
-    role: Role,
-    min_replicas: int = 1,
-    max_replicas: int = 8,
-    expected_acceptance_length: float | None = None,
-) -> RolePolicy:
-    """The role's default signals and behaviour (change fields with dataclasses.replace).
-
-    A decode with MTP (`expected_acceptance_length` given) also gets decodeTokensPerSecondPerPod.
-    """
-    targets = dict(DEFAULT_TARGETS[role])
-    if role is Role.DECODE and expected_acceptance_length is not None:
-        targets[Signal.DECODE_TOKENS_PER_POD] = DEFAULT_DECODE_TOKENS_PER_POD
-    return RolePolicy(
-        min_replicas,
-        max_replicas,
-        targets,
-        expected_acceptance_length=expected_acceptance_length,
-    )
-
-
-def default_policy(ratio: RatioBand | None = None) -> AutoscalingPolicy:
-    return AutoscalingPolicy(
-        default_role_policy(Role.PREFILL), default_role_policy(Role.DECODE), ratio
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,9 +166,9 @@ class RoleHistory:
 
 class Coverage(StrEnum):
     FULL = "full"
-    """Enough Ready pods reported (the quorum)."""
+    """Every Ready pod reported."""
     PARTIAL = "partial"
-    """Some, fewer than the quorum: may vote up, not down."""
+    """Some, not all: may vote up, not down."""
     MISSING = "missing"
     """No Ready pod reported it (or there is no Ready pod): no vote, and no scale-down."""
     QUIET = "quiet"
@@ -359,7 +202,7 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class RoleDecision:
-    role: Role
+    role: EngineRole
     current: int
     recommendation: int
     """The raw recommendation (largest vote, after the missing-data hold), before stabilisation."""
@@ -378,8 +221,8 @@ class RoleDecision:
 
 @dataclass(frozen=True)
 class Decision:
-    roles: PerRole[RoleDecision]
-    history: PerRole[RoleHistory]
+    roles: Mapping[EngineRole, RoleDecision]
+    history: Mapping[EngineRole, RoleHistory]
     """Persist this once the desired replicas are written; pass it back next time."""
     ratio_note: str | None = None
 
@@ -391,49 +234,68 @@ UNREACHABLE = "unreachable within min/max replicas: min/max win"
 
 
 def decide(
-    policy: AutoscalingPolicy,
-    pods: PerRole[Sequence[PodObservation]],
-    current: PerRole[int],
-    history: PerRole[RoleHistory],
+    spec: AutoscalingSpec,
+    pods: Mapping[EngineRole, Sequence[PodObservation]],
+    current: Mapping[EngineRole, int],
+    history: Mapping[EngineRole, RoleHistory],
     now: float,
-    external: PerRole[int | None] = PerRole(None, None),
+    external: Mapping[EngineRole, int | None] | None = None,
 ) -> Decision:
-    """Desired replicas per role, with the reason, from metrics, policy, history and `now`.
+    """Desired replicas per role, with the reason, from metrics, spec, history and `now`.
 
+    A role without spec.autoscaling keeps its `current` count (the band still counts it).
     `external` is the count an outside scaler (an HPA through the role's scale endpoint) set for
-    a role: it replaces that role's signals, stabilisation and step limits (the HPA has its
-    own), and min/max and the ratio band still apply."""
-    staged = {
-        role: (
-            _decide_role(role, policy, pods[role], current[role], history[role], now)
-            if external[role] is None
-            else _external_role(role, policy[role], current[role], external[role])
-        )
-        for role in Role
-    }
-    prefill, decode = staged[Role.PREFILL].desired, staged[Role.DECODE].desired
+    an External role: it replaces that role's signals, stabilisation and step limits (the HPA has
+    its own), and min/max and the ratio band still apply."""
+    asked = external or {}
+    staged = {role: _stage(role, spec, pods, current, history, now, asked) for role in ENGINE_ROLES}
+    prefill, decode = staged["prefill"].desired, staged["decode"].desired
     ratio_note = None
-    if policy.ratio is not None:
+    if spec.ratio is not None:
+        bounds = {role: _bounds(spec.role(role), current[role]) for role in ENGINE_ROLES}
         prefill, decode, ratio_note = _keep_ratio(
-            policy.ratio, prefill, decode, policy.prefill, policy.decode
+            spec.ratio, prefill, decode, bounds["prefill"], bounds["decode"]
         )
-    final = PerRole(prefill, decode)
-    decisions = {role: staged[role].finish(final[role], ratio_note) for role in Role}
-    new_history = {
-        role: _remember(policy[role], history[role], decisions[role], now) for role in Role
-    }
+    final = {"prefill": prefill, "decode": decode}
+    decisions = {role: staged[role].finish(final[role], ratio_note) for role in ENGINE_ROLES}
     return Decision(
-        PerRole(decisions[Role.PREFILL], decisions[Role.DECODE]),
-        PerRole(new_history[Role.PREFILL], new_history[Role.DECODE]),
+        decisions,
+        {
+            role: _remember(spec.role(role), history[role], decisions[role], now)
+            for role in ENGINE_ROLES
+        },
         ratio_note,
     )
+
+
+def _stage(
+    role: EngineRole,
+    spec: AutoscalingSpec,
+    pods: Mapping[EngineRole, Sequence[PodObservation]],
+    current: Mapping[EngineRole, int],
+    history: Mapping[EngineRole, RoleHistory],
+    now: float,
+    external: Mapping[EngineRole, int | None],
+) -> _Staged:
+    scaling, count = spec.role(role), current[role]
+    if scaling is None:
+        return _Staged(role, count, count, count, None, (), False, None, ("not autoscaled",))
+    asked = external.get(role)
+    if scaling.source == EXTERNAL and asked is not None:
+        return _external_role(role, scaling, count, asked)
+    return _decide_role(role, scaling, spec, pods[role], count, history[role], now)
+
+
+def _bounds(scaling: RoleAutoscaling | None, current: int) -> tuple[int, int]:
+    """A role's min/max replicas; a role without autoscaling stays at its count."""
+    return (current, current) if scaling is None else (scaling.min_replicas, scaling.max_replicas)
 
 
 @dataclass(frozen=True)
 class _Staged:
     """A role's decision before the ratio band is applied."""
 
-    role: Role
+    role: EngineRole
     current: int
     recommendation: int
     desired: int
@@ -469,24 +331,25 @@ class _Staged:
 
 
 def _decide_role(
-    role: Role,
-    policy: AutoscalingPolicy,
+    role: EngineRole,
+    rules: RoleAutoscaling,
+    spec: AutoscalingSpec,
     pods: Sequence[PodObservation],
     current: int,
     history: RoleHistory,
     now: float,
 ) -> _Staged:
-    rules = policy[role]
     ready = [pod for pod in pods if pod.ready]
     fresh = [
         pod
         for pod in ready
-        if pod.latest is not None and pod.latest.at >= now - policy.staleness_seconds
+        if pod.latest is not None and pod.latest.at >= now - spec.stale_after_seconds
     ]
     acceptance = _acceptance(rules, fresh)
+    tolerance = rules.effective_tolerance()
     readings = tuple(
-        _read(signal, target, rules, acceptance, len(ready), fresh, current, policy.quorum)
-        for signal, target in _ordered(rules.targets)
+        _read(signal, target, tolerance, acceptance, len(ready), fresh, current)
+        for signal, target in _ordered(rules.signal_targets(role))
     )
     steps: list[str] = []
 
@@ -506,10 +369,11 @@ def _decide_role(
 
     stabilised = _stabilise(recommendation, current, history, rules, now)
     if stabilised != recommendation:
-        window = rules.scale_up if stabilised < recommendation else rules.scale_down
-        direction = "up" if stabilised < recommendation else "down"
+        up = stabilised < recommendation
+        window = rules.scale_up_rules() if up else rules.scale_down_rules()
+        direction = "up" if up else "down"
         steps.append(
-            f"stabilised to {stabilised} over the {window.stabilization_seconds:g}s "
+            f"stabilised to {stabilised} over the {window.stabilization_window_seconds}s "
             f"scale-{direction} window"
         )
     limited = _limit_step(stabilised, current, history, rules, now)
@@ -525,8 +389,7 @@ def _decide_role(
     )
 
 
-def _external_role(role: Role, rules: RolePolicy, current: int, asked: int | None) -> _Staged:
-    assert asked is not None
+def _external_role(role: EngineRole, rules: RoleAutoscaling, current: int, asked: int) -> _Staged:
     steps = [f"set to {asked} through its scale endpoint"]
     clamped = min(max(asked, rules.min_replicas), rules.max_replicas)
     if clamped != asked:
@@ -560,7 +423,7 @@ def _spec_decode_deltas(
             yield accepted, drafts, latest.at - previous.at
 
 
-def _acceptance(rules: RolePolicy, fresh: Sequence[PodObservation]) -> Acceptance | None:
+def _acceptance(rules: RoleAutoscaling, fresh: Sequence[PodObservation]) -> Acceptance | None:
     """Measured accepted tokens per draft over the window, and the capacity factor it implies."""
     expected = rules.expected_acceptance_length
     if expected is None:
@@ -585,19 +448,18 @@ def _counter_delta(latest: float | None, previous: float | None) -> float | None
 def _read(
     signal: Signal,
     target: float,
-    rules: RolePolicy,
+    tolerance: float,
     acceptance: Acceptance | None,
     ready: int,
     fresh: Sequence[PodObservation],
     current: int,
-    quorum: float,
 ) -> SignalReading:
     if signal is Signal.DECODE_TOKENS_PER_POD and acceptance is not None:
         target = target * acceptance.capacity_factor
     value, reporting = _observe(signal, fresh)
     if ready == 0 or reporting == 0:
         coverage = Coverage.MISSING
-    elif reporting < math.ceil(quorum * ready - 1e-9):
+    elif reporting < ready:
         coverage = Coverage.PARTIAL
     elif value is None:
         coverage = Coverage.QUIET
@@ -607,8 +469,8 @@ def _read(
         return SignalReading(signal, target, value, None, coverage, reporting, ready)
 
     ratio = value / target
-    within = abs(ratio - 1) <= rules.tolerance
-    # Proportional, as HPA, over the Ready pods when enough of them reported; over only the pods
+    within = abs(ratio - 1) <= tolerance
+    # Proportional, as HPA, over the Ready pods when all of them reported; over only the pods
     # heard from when too few did (the silent ones are counted as idle, so a partial view asks
     # for less, never more; it cannot vote down anyway, see the hold). The epsilon keeps float
     # noise (3 * 0.1 / 0.1) from adding a pod.
@@ -688,16 +550,17 @@ def _describe_vote(
 
 
 def _stabilise(
-    recommendation: int, current: int, history: RoleHistory, rules: RolePolicy, now: float
+    recommendation: int, current: int, history: RoleHistory, rules: RoleAutoscaling, now: float
 ) -> int:
     """HPA's stabilisation: rise to the lowest recommendation of the scale-up window, fall only
     to the highest of the scale-down window."""
+    up, down = rules.scale_up_rules(), rules.scale_down_rules()
     lowest_recent = highest_recent = recommendation
     for past in history.recommendations:
         # Inclusive: a change needs every recommendation of the whole window behind it.
-        if past.at >= now - rules.scale_up.stabilization_seconds:
+        if past.at >= now - up.stabilization_window_seconds:
             lowest_recent = min(lowest_recent, past.replicas)
-        if past.at >= now - rules.scale_down.stabilization_seconds:
+        if past.at >= now - down.stabilization_window_seconds:
             highest_recent = max(highest_recent, past.replicas)
     if current < lowest_recent:
         return lowest_recent
@@ -707,29 +570,28 @@ def _stabilise(
 
 
 def _limit_step(
-    stabilised: int, current: int, history: RoleHistory, rules: RolePolicy, now: float
+    stabilised: int, current: int, history: RoleHistory, rules: RoleAutoscaling, now: float
 ) -> int:
     """HPA-style step limits, counted from the replicas at the start of the period."""
+    up, down = rules.scale_up_rules(), rules.scale_down_rules()
     if stabilised > current:
-        up = rules.scale_up
         start = current - _net_change(history, up.period_seconds, now)
         limits = []
         if up.max_pods is not None:
             limits.append(start + up.max_pods)
         if up.max_percent is not None:
-            limits.append(math.ceil(start * (100 + exact(up.max_percent)) / 100))
+            limits.append(math.ceil(Fraction(start * (100 + up.max_percent), 100)))
         if not limits:
             return stabilised
         # A period already used up holds the count; it never turns a scale-up into a scale-down.
         return min(stabilised, max(max(limits), current))
     if stabilised < current:
-        down = rules.scale_down
         start = current - _net_change(history, down.period_seconds, now)
         limits = []
         if down.max_pods is not None:
             limits.append(start - down.max_pods)
         if down.max_percent is not None:
-            keep = math.ceil(start * (100 - exact(down.max_percent)) / 100)
+            keep = math.ceil(Fraction(start * (100 - down.max_percent), 100))
             limits.append(min(keep, start - 1))  # a small role still loses one pod a period
         if not limits:
             return stabilised
@@ -737,12 +599,16 @@ def _limit_step(
     return stabilised
 
 
-def _net_change(history: RoleHistory, period: float, now: float) -> int:
+def _net_change(history: RoleHistory, period: int, now: float) -> int:
     return sum(e.after - e.before for e in history.scale_events if e.at > now - period)
 
 
 def _keep_ratio(
-    band: RatioBand, prefill: int, decode: int, prefill_rules: RolePolicy, decode_rules: RolePolicy
+    band: RatioBand,
+    prefill: int,
+    decode: int,
+    prefill_bounds: tuple[int, int],
+    decode_bounds: tuple[int, int],
 ) -> tuple[int, int, str | None]:
     """The pair within the band and both roles' min/max nearest to (prefill, decode).
 
@@ -754,12 +620,13 @@ def _keep_ratio(
     if low <= Fraction(prefill, decode) <= high:
         return prefill, decode, None
     best: tuple[tuple[int, int, int], int, int] | None = None
+    (prefill_min, prefill_max), (decode_min, decode_max) = prefill_bounds, decode_bounds
     # Only decode counts for which some prefill count in [min, max] fits the band.
-    first = max(decode_rules.min_replicas, math.ceil(prefill_rules.min_replicas / high))
-    last = min(decode_rules.max_replicas, math.floor(prefill_rules.max_replicas / low))
+    first = max(decode_min, math.ceil(prefill_min / high))
+    last = min(decode_max, math.floor(prefill_max / low))
     for candidate_decode in range(first, last + 1):
-        lowest = max(prefill_rules.min_replicas, math.ceil(low * candidate_decode))
-        highest = min(prefill_rules.max_replicas, math.floor(high * candidate_decode))
+        lowest = max(prefill_min, math.ceil(low * candidate_decode))
+        highest = min(prefill_max, math.floor(high * candidate_decode))
         if lowest > highest:
             continue
         candidate_prefill = min(max(prefill, lowest), highest)
@@ -774,11 +641,14 @@ def _keep_ratio(
 
 
 def _remember(
-    rules: RolePolicy, past: RoleHistory, decision: RoleDecision, now: float
+    scaling: RoleAutoscaling | None, past: RoleHistory, decision: RoleDecision, now: float
 ) -> RoleHistory:
     """The history with this decision added and what no window or period still needs dropped."""
-    window = max(rules.scale_up.stabilization_seconds, rules.scale_down.stabilization_seconds)
-    period = max(rules.scale_up.period_seconds, rules.scale_down.period_seconds)
+    if scaling is None:
+        return RoleHistory()
+    up, down = scaling.scale_up_rules(), scaling.scale_down_rules()
+    window = max(up.stabilization_window_seconds, down.stabilization_window_seconds)
+    period = max(up.period_seconds, down.period_seconds)
     recommendations = tuple(r for r in past.recommendations if r.at > now - window)
     events = tuple(e for e in past.scale_events if e.at > now - period)
     if decision.changed:
