@@ -106,6 +106,8 @@ def test_render_prints_every_child(capsys: pytest.CaptureFixture[str]) -> None:
         "Deployment",
         "Deployment",
         "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "Service",
         "ServiceAccount",
     ]
