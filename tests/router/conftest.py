@@ -10,9 +10,15 @@ from typing import Any
 import pytest
 from loopback import free_ports
 from pdmtp.core.observe import Prefill
-from pdmtp.core.router import static_router_args
+from pdmtp.core.router import ROUTER_HEALTH_FLAGS, static_router_args
 from router.emulator import EngineEmulator, EngineFactory, Role
-from router.harness import LOOPBACK, RouterFactory, RouterProcess, find_router_binary
+from router.harness import (
+    LOOPBACK,
+    RouterFactory,
+    RouterProcess,
+    find_router_binary,
+    without_flags,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,6 +66,8 @@ def start_router(router_binary: Path) -> Iterator[RouterFactory]:
         *,
         policy: str = "round_robin",
         wait_ready: bool = True,
+        health_checks: bool = True,
+        extra_args: Sequence[str] = (),
     ) -> RouterProcess:
         port, metrics_port = free_ports(2)
         args = static_router_args(
@@ -71,6 +79,9 @@ def start_router(router_binary: Path) -> Iterator[RouterFactory]:
             metrics_host=LOOPBACK,
             metrics_port=metrics_port,
         )
+        if not health_checks:  # the baseline: the router's own defaults, as rendered before
+            args = without_flags(args, ROUTER_HEALTH_FLAGS)
+        args += extra_args  # argparse: a flag given twice, the last one counts
         router = RouterProcess(router_binary, args, port, metrics_port)
         started.append(router)
         return router.start(wait_ready=wait_ready)

@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -99,6 +99,21 @@ class RouterProcess:
             time.sleep(0.2)
         raise TimeoutError(f"vllm-router not ready after {timeout}s:\n{self.log()}")
 
+    def wait_all_healthy(self, timeout: float = 15.0) -> None:
+        """Until `/readiness` counts every prefill and decode healthy: a worker whose health
+        probe failed (a restart) is picked again only after two good probes."""
+        deadline = time.monotonic() + timeout
+        body = b""
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                status, body = get(self.base + ROUTER_READINESS_PATH, timeout=1)
+                counts = json.loads(body) if status == 200 else {}
+                roles = [counts.get(role, {}) for role in ("prefill", "decode")]
+                if all(r and r.get("healthy") == r.get("total") for r in roles):
+                    return
+            time.sleep(0.2)
+        raise TimeoutError(f"not every worker healthy after {timeout}s: {body!r}")
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
@@ -117,8 +132,18 @@ class RouterProcess:
         return self._log.read().decode(errors="replace")[-20000:]
 
 
+def without_flags(args: list[str], flags: Sequence[str]) -> list[str]:
+    """`args` with the run `flags` taken out (it must be there, once)."""
+    n = len(flags)
+    at = [i for i in range(len(args) - n + 1) if args[i : i + n] == list(flags)]
+    assert len(at) == 1, f"{list(flags)} not rendered once in {args}"
+    return args[: at[0]] + args[at[0] + n :]
+
+
 RouterFactory = Callable[..., RouterProcess]
-"""The `start_router` fixture: `start_router(prefills, decodes, policy=..., wait_ready=...)`."""
+"""The `start_router` fixture: `start_router(prefills, decodes, policy=..., wait_ready=...,
+health_checks=..., extra_args=...)`; `health_checks=False` leaves out `ROUTER_HEALTH_FLAGS` (the
+baseline), `extra_args` are appended to the rendered args."""
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ def test_a_stale_engine_id_fails_the_decode_instead_of_passing_silently(
     d = engine("decode", "d", identity=Identity("d", "r1", 3), pull_kv=True)
     router = start_router([p], [d])
     p.restart()  # new engine id; the router keeps sending the old one (docs/router.md)
+    router.wait_all_healthy()  # its 1 s health probe may have caught the restart
     reply = post(router.base, "/v1/completions", completion_body())
     assert reply.status == 500
     assert "serves no engine" in reply.body.decode()

@@ -23,23 +23,26 @@ from typing import Any
 
 import aiohttp
 import pytest
-from pdmtp.core.autoscaling import (
-    Coverage,
-    PerRole,
-    PodObservation,
-    Role,
-    RoleHistory,
-    Signal,
-    decide,
-    default_policy,
-    default_role_policy,
-)
+from pdmtp.api.autoscaling import AutoscalingSpec, RoleAutoscaling
+from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
+from pdmtp.core.autoscaling import Coverage, PodObservation, RoleHistory, Signal, decide
 from pdmtp.core.promtext import Scrape, parse_scrape
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post
 
 LOAD_BOUND_SECONDS = 30.0
 """No load in this file runs longer (the tier's per-test timeout is 120 s)."""
+NO_HISTORY: dict[EngineRole, RoleHistory] = {"prefill": RoleHistory(), "decode": RoleHistory()}
+
+
+def default_autoscaling(expected_acceptance_length: float) -> AutoscalingSpec:
+    """Both roles on their default signals, the decode told its MTP acceptance."""
+    return AutoscalingSpec(
+        prefill=RoleAutoscaling(min_replicas=1, max_replicas=8),
+        decode=RoleAutoscaling(
+            min_replicas=1, max_replicas=8, expected_acceptance_length=expected_acceptance_length
+        ),
+    )
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -249,17 +252,14 @@ def test_acceptance_follows_the_configured_rate_and_the_admin_call(engine: Engin
     drafts = second.drafts - first.drafts
     assert accepted / (drafts * k) == pytest.approx(0.3, abs=0.02)
     # The same window as the autoscaler reads it: accepted tokens per draft, between two scrapes.
-    policy = replace(
-        default_policy(), decode=default_role_policy(Role.DECODE, expected_acceptance_length=2.4)
-    )
     decision = decide(
-        policy,
-        PerRole([], [PodObservation("d0", True, latest=second, previous=first)]),
-        PerRole(1, 1),
-        PerRole(RoleHistory(), RoleHistory()),
+        default_autoscaling(expected_acceptance_length=2.4),
+        {"prefill": [], "decode": [PodObservation("d0", True, latest=second, previous=first)]},
+        {"prefill": 1, "decode": 1},
+        NO_HISTORY,
         now=time.monotonic(),
     )
-    acceptance = decision.roles.decode.acceptance
+    acceptance = decision.roles["decode"].acceptance
     assert acceptance is not None and acceptance.observed is not None
     assert acceptance.observed == pytest.approx(0.3 * k, abs=0.06)
 
@@ -401,25 +401,24 @@ def test_prefill_and_decode_metrics_through_the_router_feed_every_default_signal
     assert after["d0"].inter_token_latency is not None
     assert after["d0"].inter_token_latency.count == after["d0"].drafts
 
-    policy = replace(
-        default_policy(),
-        decode=default_role_policy(Role.DECODE, expected_acceptance_length=rate * k),
-    )
+    spec = default_autoscaling(expected_acceptance_length=rate * k)
     decision = decide(
-        policy,
-        PerRole(
-            [PodObservation("p0", True, latest=after["p0"], previous=before["p0"])],
-            [PodObservation("d0", True, latest=after["d0"], previous=before["d0"])],
-        ),
-        PerRole(1, 1),
-        PerRole(RoleHistory(), RoleHistory()),
+        spec,
+        {
+            "prefill": [PodObservation("p0", True, latest=after["p0"], previous=before["p0"])],
+            "decode": [PodObservation("d0", True, latest=after["d0"], previous=before["d0"])],
+        },
+        {"prefill": 1, "decode": 1},
+        NO_HISTORY,
         now=time.monotonic(),
     )
-    for role in Role:
+    for role in ENGINE_ROLES:
+        scaling = spec.role(role)
+        assert scaling is not None
         readings = decision.roles[role].readings
-        assert {r.signal for r in readings} == set(policy[role].targets), role
+        assert {r.signal for r in readings} == set(scaling.signal_targets(role)), role
         assert all(r.coverage is Coverage.FULL for r in readings), decision.roles[role].reason
-    decode_signals = {r.signal for r in decision.roles.decode.readings}
+    decode_signals = {r.signal for r in decision.roles["decode"].readings}
     assert Signal.DECODE_TOKENS_PER_POD in decode_signals
-    acceptance = decision.roles.decode.acceptance
+    acceptance = decision.roles["decode"].acceptance
     assert acceptance is not None and acceptance.observed == pytest.approx(rate * k, abs=0.2)

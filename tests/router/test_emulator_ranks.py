@@ -4,9 +4,9 @@ has joined its rendezvous port, a rank that goes away kills the leader's engine 
 process, non-zero), a leader that goes away ends its ranks, a duplicate rank is refused.
 
 Each pod is a real `python -m pdmtp_emulator engine vllm serve ...` process with the args and env
-the operator renders for that group pod (pdmtp.cli.rendered_children), moved onto loopback: the
-listen host, the leader's address and every port are 127.0.0.1 and free ports. Nothing here binds
-or dials anything but 127.0.0.1; every wait has a bound.
+the operator renders for that group pod (pdmtp.cli.render.rendered_children), moved onto
+loopback: the listen host, the leader's address and every port are 127.0.0.1 and free ports.
+Nothing here binds or dials anything but 127.0.0.1; every wait has a bound.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pytest
 from builders import pdd
 from loopback import LOOPBACK, free_ports
 from pdmtp.api import vocabulary as v
-from pdmtp.cli import rendered_children
+from pdmtp.cli.render import rendered_children
 
 # On sys.path through router.emulator, which the tier's conftest imports before any test module.
 from pdmtp_emulator import ranks
@@ -395,7 +395,8 @@ def test_a_rank_started_before_its_leader_waits_and_a_dead_leader_stays_dead(
     worker = start_pod(start, worker_pod)
     waiting = worker.wait_event("waiting for the leader")
     assert "ConnectionRefusedError" in waiting["error"], waiting
-    time.sleep(1.0)  # a couple of refused attempts
+    # A hold, not a wait: it must still be waiting after two more refused attempts.
+    time.sleep(2 * ranks.RETRY_SECONDS)
     assert worker.running()
 
     # Time enough to see that a rank coming back does not revive the engine.

@@ -44,6 +44,12 @@ def test_router_reads_the_rendered_args_as_meant(launcher: Any, policy: str) -> 
     assert (parsed.host, parsed.port) == ("0.0.0.0", ROUTER_HTTP_PORT)
     assert (parsed.prometheus_host, parsed.prometheus_port) == ("0.0.0.0", ROUTER_METRICS_PORT)
     assert parsed.service_discovery is False
+    # Health probes every second, one failure drops a worker (test_router_failover.py); retries
+    # and the circuit breaker keep 0.1.17's defaults, which the P/D path never consults.
+    assert (parsed.health_check_interval_secs, parsed.health_failure_threshold) == (1, 1)
+    assert parsed.health_check_timeout_secs == 2
+    assert parsed.health_check_endpoint == "/health"
+    assert parsed.disable_retries is False and parsed.disable_circuit_breaker is False
     parsed._validate_router_args()
 
 

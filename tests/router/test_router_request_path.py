@@ -109,6 +109,7 @@ def test_prefill_restart_leaves_the_router_with_a_stale_engine_id(
     old_id = p.engine_id
     p.restart()
     assert p.engine_id != old_id
+    router.wait_all_healthy()  # its 1 s health probe may have caught the restart
 
     assert post(router.base, "/v1/completions", completion_body()).status == 200
     stale = d.generation_requests()[-1].body["kv_transfer_params"]["remote_engine_id"]
