@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ ENGINE_MODEL_ENV = "PDMTP_E2E_ENGINE_MODEL"
 ENGINE_NODE_LABEL_ENV = "PDMTP_E2E_ENGINE_NODE_LABEL"
 """The label of the one node the ~10 GB engine image is loaded into (value `loaded`)."""
 OPERATOR_NAMESPACE = "pdmtp-system"
+ANSWERS_AFTER = 100
+"""Requests a load client must answer after an event (a rollout done, serving again) before it
+is stopped: ~2 s of the 4-client load, so the summary covers the settled state."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,21 @@ class Kind:
         items: list[dict[str, Any]] = self.get("pods", "-n", namespace, "-l", selector)["items"]
         return items
 
+    def operator_leader(self) -> str:
+        """The operator pod that holds the leader Lease (its identity is the pod's name and a
+        suffix, `pdmtp.election.default_identity`)."""
+        lease = self.get("lease", "-n", OPERATOR_NAMESPACE, "pdmtp-operator")
+        holder = str((lease.get("spec") or {}).get("holderIdentity") or "")
+        if not holder:
+            raise KubectlError("the operator's Lease names no holder")
+        return holder.rsplit("_", 1)[0]
+
+    def operator_metrics(self) -> str:
+        """The leading operator's metrics (the Service would answer from either replica, and
+        the standby reconciles nothing), through the API server's pod proxy."""
+        pod = self.operator_leader()
+        return self.raw(f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/pods/{pod}:9090/proxy/metrics")
+
     def pdd(self, namespace: str, name: str) -> dict[str, Any]:
         obj: dict[str, Any] = self.get("pddeployment", "-n", namespace, name)
         return obj
@@ -150,7 +169,8 @@ class Kind:
         """What a red run should print: the operator's log, the namespace's objects and events."""
         parts = []
         commands: list[Sequence[str]] = [
-            ("-n", OPERATOR_NAMESPACE, "logs", "deploy/pdmtp-operator", "--tail=80"),
+            # Every replica's: the leader's reconciles, the standby's waiting.
+            ("-n", OPERATOR_NAMESPACE, "logs", "-l", OPERATOR_SELECTOR, "--prefix", "--tail=80"),
             ("get", "nodes", "-o", "wide"),
         ]
         if namespace:
@@ -279,6 +299,29 @@ class LoadRun:
     def wait_sending(self, timeout: float = 120) -> None:
         wait_for(lambda: (self.progress() or {}).get("ok", 0) > 0, f"{self.name} answered", timeout)
 
+    def answered(self) -> tuple[float, int]:
+        """(seconds into the run, requests answered so far) from the newest progress line."""
+        last = self.progress() or {}
+        return float(last.get("seconds", -1.0)), int(last.get("ok", 0)) + int(last.get("failed", 0))
+
+    def wait_answers(self, count: int = ANSWERS_AFTER, timeout: float = 90) -> None:
+        """Until `count` more requests have been answered, counted from the first progress line
+        printed after this call (lines come every 2 s): a stretch of traffic after an event,
+        measured in requests rather than seconds. Fails if the client stops first."""
+        called_at, _ = self.answered()
+        deadline = time.monotonic() + timeout
+
+        def fresh() -> tuple[int] | None:
+            seconds, answers = self.answered()
+            return (answers,) if seconds > called_at else None
+
+        (baseline,) = wait_for(fresh, f"{self.name}: a progress line", timeout)
+        wait_for(
+            lambda: self.answered()[1] >= baseline + count,
+            f"{self.name}: {count} more answers",
+            max(deadline - time.monotonic(), 1.0),
+        )
+
     def stop(self) -> None:
         self.kind.kubectl("-n", self.namespace, "exec", self.name, "--", "touch", "/tmp/stop")
 
@@ -355,8 +398,9 @@ def write_overlay(directory: Path, base: Path, image: str) -> Path:
     return directory
 
 
-def operator_pod(kind: Kind, image: str) -> str | None:
-    """The operator pod running `image`, Ready and not terminating; None if there is none."""
+def operator_pods(kind: Kind, image: str) -> list[str]:
+    """The operator pods running `image`, Ready and not terminating."""
+    found = []
     for pod in kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR):
         if pod["metadata"].get("deletionTimestamp"):
             continue
@@ -366,8 +410,13 @@ def operator_pod(kind: Kind, image: str) -> str | None:
             and statuses
             and all(s.get("ready") for s in statuses)
         ):
-            return str(pod["metadata"]["name"])
-    return None
+            found.append(str(pod["metadata"]["name"]))
+    return found
+
+
+def operator_pod(kind: Kind, image: str) -> str | None:
+    """An operator pod running `image`, Ready and not terminating; None if there is none."""
+    return next(iter(operator_pods(kind, image)), None)
 
 
 def reconciles(kind: Kind, pod: str) -> dict[tuple[str, str], float]:

@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 from builders import pdd
-from e2e.kindkit import OPERATOR_NAMESPACE, Kind, KubectlError, LoadRun, wait_for
+from e2e.kindkit import Kind, KubectlError, LoadRun, wait_for
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from pdmtp.api.vocabulary import ANNOTATION_LEAVING, GROUP, LABEL_NAME, LABEL_ROLE, VERSION
@@ -287,11 +287,8 @@ class Watch:
 
 def decisions_counter(kind: Kind, namespace: str) -> float:
     """pdmtp_autoscaler_decisions_total of this PDDeployment (every role and direction), from
-    the operator's metrics Service through the API server."""
-    text = kind.raw(
-        f"/api/v1/namespaces/{OPERATOR_NAMESPACE}/services/pdmtp-operator-metrics:metrics"
-        "/proxy/metrics"
-    )
+    the leading operator's metrics through the API server."""
+    text = kind.operator_metrics()
     total = 0.0
     for line in text.splitlines():
         if (

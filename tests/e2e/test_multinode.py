@@ -178,7 +178,7 @@ def test_1_a_group_on_two_nodes_rolls_paired_under_load(
             300,
         )
         roll_seconds = round(time.monotonic() - rolled, 1)
-        time.sleep(3)
+        run.wait_answers()  # on the new revision alone
         run.stop()
         summary = run.summary()
         bound = placements(gangs)
@@ -232,7 +232,7 @@ def scale_under_load(kind: Kind, namespace: str, groups: int, key: str) -> None:
     patch(kind, namespace, {"spec": {"decode": {"replicas": groups}}})
     wait_settled(kind, namespace, groups)
     seconds = round(time.monotonic() - started, 1)
-    time.sleep(3)
+    run.wait_answers()  # at the new size
     run.stop()
     summary = run.summary()
     nodes = assert_placed_whole(kind, namespace)
@@ -279,7 +279,7 @@ def lose_a_worker(kind: Kind, namespace: str, *, crash: bool) -> dict[str, Any]:
     recovery = round(time.monotonic() - started, 1)
     during = run.progress() or {}
     # Serving again: what is sent from here on must all succeed.
-    time.sleep(3)
+    run.wait_answers()
     run.stop()
     summary = run.summary()
     after = LoadRun.start(kind, namespace, NAME, max_requests=200, max_seconds=120).summary()

@@ -175,9 +175,8 @@ def first_pod(kind: Kind, namespace: str, revision: str, role: str) -> str:
 
 
 def operator_pod(kind: Kind) -> str:
-    (pod,) = kind.pods(OPERATOR_NAMESPACE, "app.kubernetes.io/name=pdmtp-operator")
-    name: str = pod["metadata"]["name"]
-    return name
+    """Either replica: both carry the scraper label (the leader is the one that scrapes)."""
+    return kind.operator_leader()
 
 
 def every_port(prefill: str, decode: str) -> list[tuple[str, str, int, str]]:
@@ -322,7 +321,7 @@ def test_2_requests_flow_through_a_paired_rollout_under_the_policy(
 
     new = wait_for(rolled, "the paired rollout", 300)
     roll_seconds = round(time.monotonic() - started, 1)
-    time.sleep(2)
+    run.wait_answers()  # on the new revision alone
     run.stop()
     summary = run.summary()
     prefill = engine_ip(kind, namespace, new, "prefill")
@@ -377,7 +376,7 @@ def test_3_control_without_the_policy_the_outsider_connects(kind: Kind, namespac
         kind.kubectl("-n", namespace, "delete", "networkpolicy", POLICY, "--wait=true")
         without = probe(kind, namespace, "outsider", targets, ALLOWED_TRIES)
     finally:
-        _operator_replicas(kind, 1)
+        _operator_replicas(kind, 2)  # as deploy/ installs it: a leader and a standby
     wait_for(
         lambda: kind.get("networkpolicy", "-n", namespace, POLICY),
         "the operator to restore the policy",

@@ -100,10 +100,8 @@ def test_1_available_and_requests_go_prefill_to_decode(kind: Kind, namespace: st
         }
         assert record["decode"]["pod"] == decode["metadata"]["name"]
 
-    # The in-cluster operator did this, and its metrics Service shows it.
-    metrics = kind.raw(
-        "/api/v1/namespaces/pdmtp-system/services/pdmtp-operator-metrics:metrics/proxy/metrics"
-    )
+    # The in-cluster operator did this, and the leader's metrics show it.
+    metrics = kind.operator_metrics()
     line = f'pdmtp_reconcile_total{{name="{NAME}",namespace="{namespace}"}}'
     counts = [float(m.split()[-1]) for m in metrics.splitlines() if m.startswith(line)]
     assert counts and counts[0] > 0, f"{line} not in the scraped metrics"
@@ -136,7 +134,7 @@ def test_2_paired_rollout_under_load_loses_no_request(kind: Kind, namespace: str
     new = wait_for(update_revision, "a new update revision", 60)
     wait_for(lambda: rollout_done(kind, namespace, old, new), f"rollout {old} -> {new}", 300)
     rollout_seconds = round(time.monotonic() - started, 1)
-    time.sleep(3)  # a moment of traffic on the new revision alone
+    run.wait_answers()  # traffic on the new revision alone
     run.stop()
     summary = run.summary()
     state["revision"] = new

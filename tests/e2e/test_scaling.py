@@ -84,7 +84,7 @@ def test_1_scaling_under_load_loses_no_request(kind: Kind, namespace: str) -> No
         steps.append(
             {"to": f"{prefill}P/{decode}D", "seconds": round(time.monotonic() - started, 1)}
         )
-    time.sleep(3)
+    run.wait_answers()  # at 1P/1D, the sequence's end
     run.stop()
     summary = run.summary()
     record(
@@ -105,6 +105,7 @@ def test_1_scaling_under_load_loses_no_request(kind: Kind, namespace: str) -> No
 
 
 def test_2_a_canary_hold_and_its_promotion_lose_no_request(kind: Kind, namespace: str) -> None:
+    kind.apply(spec_for(kind, 1, 1), namespace)  # stands alone; test_1 ends at this spec
     patch(kind, namespace, {"spec": {"prefill": {"replicas": 2}, "decode": {"replicas": 2}}})
     wait_for(lambda: settled_at(kind, namespace, 2, 2), "2P/2D serving", 240)
     old = kind.pdd(namespace, NAME)["status"]["currentRevision"]
@@ -155,7 +156,7 @@ def test_2_a_canary_hold_and_its_promotion_lose_no_request(kind: Kind, namespace
 
     wait_for(done, f"promotion of {new}", 300)
     promote_seconds = round(time.monotonic() - started, 1)
-    time.sleep(3)
+    run.wait_answers()  # on the promoted revision alone
     run.stop()
     summary = run.summary()
     record(

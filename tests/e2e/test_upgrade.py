@@ -1,25 +1,33 @@
 """kind e2e: upgrading pdmtp from the previous release, and uninstalling it, leave the workloads
 alone (issue 23). Two PDDeployments (MTP k=3 over 3 modules as samples/demo.yaml, k=1 as
 samples/minimal.yaml; emulated engines behind the real router) serve the in-cluster load client
-throughout:
+throughout. One scenario per install path, each a test of its own whose steps share the
+PDDeployments and their load (an uninstall is checked against what the upgrade left):
 
-1. kustomize: the previous release installed from its own deploy/ with its own image, then this
-   tree's deploy/ applied through the overlay that only swaps the image (install_pdmtp's). No
-   request fails; no engine or router pod restarts or is replaced; no Deployment, ReplicaSet or
-   ControllerRevision appears or goes; every PDDeployment keeps its spec, generation and
-   revisions. Checked once the new operator has reconciled each PDDeployment (its
-   pdmtp_reconcile_total, read through the API server's pod proxy) and a settle window passed.
-2. `kubectl delete -k deploy/operator/` leaves them serving; `kubectl delete crd` is refused by
-   the deletion guard; the purge (CRDs annotated pdmtp.io/allow-delete=true, then
-   `kubectl delete -k deploy/`) removes the CRDs, the PDDeployments and their pods.
-3. helm: the same upgrade, from `helm install` of the previous tree's chart and image to
-   `helm upgrade` with this tree's.
-4. `helm uninstall` (default values) leaves them serving; installed again, the purge
-   (`helm upgrade --reuse-values --set crds.keep=false`, `helm uninstall`) removes everything.
-5. this tree installed as hack/kind-e2e.sh's install_pdmtp leaves it, which the later files
-   expect (the module's teardown puts it back as well when a step failed).
+kustomize
+  1. whatever pdmtp install the cluster has removed; the previous release installed from its own
+     deploy/ with its own image, the PDDeployments created under it and loaded.
+  2. this tree's deploy/ applied through the overlay that only swaps the image (install_pdmtp's).
+     No request fails; no engine pod restarts or is replaced; no Deployment, engine ReplicaSet or
+     ControllerRevision appears or goes (the routers roll once where the new release renders
+     other router args: since issue 31, their health checks); every PDDeployment keeps its spec,
+     generation and revisions. Checked once the new operator has reconciled each PDDeployment
+     twice (its pdmtp_reconcile_total, read through the API server's pod proxy): any write it
+     would make follows a reconcile.
+  3. `kubectl delete -k deploy/operator/` leaves them serving (the load answers more requests with
+     no operator); `kubectl delete crd` is refused by the deletion guard.
+  4. the purge (CRDs annotated pdmtp.io/allow-delete=true, then `kubectl delete -k deploy/`)
+     removes the CRDs, the PDDeployments and their pods.
+helm
+  1. as kustomize's, from `helm install` of the previous tree's chart and image;
+  2. `helm upgrade` with this tree's chart and image, checked as kustomize's step 2;
+  3. `helm uninstall` (default values) leaves them serving and the CRDs in place;
+  4. installed again it serves a new PDDeployment; the purge (`helm upgrade --reuse-values --set
+     crds.keep=false`, `helm uninstall`) removes everything.
 
-The PDDeployments of a path are created once and serve both its upgrade and its uninstall.
+Each scenario starts by removing whatever install it finds and runs in a namespace of its own, so
+either runs alone or in either order. The module's teardown leaves this tree installed as
+hack/kind-e2e.sh's install_pdmtp does, which the later files expect.
 Figures go to PDMTP_E2E_UPGRADE_RESULT (JSON) when set, and are printed.
 """
 
@@ -36,6 +44,7 @@ from typing import Any
 
 import pytest
 from builders import pdd
+from e2e.conftest import new_namespace
 from e2e.kindkit import (
     OPERATOR_NAMESPACE,
     OPERATOR_SELECTOR,
@@ -45,11 +54,12 @@ from e2e.kindkit import (
     LoadRun,
     Upgrade,
     operator_pod,
+    operator_pods,
     reconciles,
     wait_for,
     write_overlay,
 )
-from pdmtp.api.vocabulary import LABEL_NAME
+from pdmtp.api.vocabulary import LABEL_NAME, LABEL_ROLE
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT_ENV = "PDMTP_E2E_UPGRADE_RESULT"
@@ -60,8 +70,6 @@ FRESH = "fresh"
 """Created under this tree's chart after its helm install, to reach Available there."""
 CRDS = ("pddeployments.pdmtp.io", "pdrolescales.pdmtp.io")
 ALLOW_DELETE = "pdmtp.io/allow-delete"
-SETTLE_SECONDS = 10
-"""After the new operator has reconciled every PDDeployment: time for any write it would make."""
 results: dict[str, Any] = {}
 
 
@@ -82,10 +90,7 @@ class Serving:
             self.marks[step][f"{name}_failed"] = int(last.get("failed", 0))
 
 
-state: dict[str, Any] = {"restored": False}
-
-
-def record(key: str, figures: dict[str, Any]) -> None:
+def record(key: str, figures: Any) -> None:
     results[key] = figures
     print(f"\n{key}: {json.dumps(figures, sort_keys=True)}")
     if os.environ.get(RESULT_ENV):
@@ -192,17 +197,27 @@ def overlays(
     }
 
 
+@pytest.fixture
+def namespace(kind: Kind, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace per scenario: neither sees what the other left (it overrides the module-wide
+    one of tests/e2e/conftest.py)."""
+    name = new_namespace(kind, request.node.name.removeprefix("test_"))
+    yield name
+    kind.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def back_to_current(kind: Kind, upgrade: Upgrade, helm: Helm) -> Iterator[None]:
-    """The later files run against this tree installed by kustomize: put it back if a step
-    failed before test_5 did."""
+    """The later files run against this tree installed by kustomize, as install_pdmtp leaves it:
+    put back after the scenarios, whichever ran and however they ended."""
     started = time.monotonic()
     yield
-    if not state["restored"]:
-        remove_pdmtp(kind, helm, upgrade.overlay)
-        install_kustomize(kind, upgrade.overlay)
-    results["wall_seconds"] = round(time.monotonic() - started, 1)
-    record("wall_seconds", results.pop("wall_seconds"))
+    reinstall = time.monotonic()
+    remove_pdmtp(kind, helm, upgrade.overlay)
+    install_kustomize(kind, upgrade.overlay)
+    assert operator_pod(kind, kind.images.operator), "this tree's operator is not back"
+    record("reinstall", {"seconds": round(time.monotonic() - reinstall, 1)})
+    record("wall_seconds", round(time.monotonic() - started, 1))
 
 
 # ---- what must not change ------------------------------------------------------------------------
@@ -217,19 +232,37 @@ def snapshot(kind: Kind, namespace: str) -> dict[str, Any]:
         found: list[dict[str, Any]] = kind.get(resource, "-n", namespace, "-l", LABEL_NAME)["items"]
         return found
 
-    pods = {
-        p["metadata"]["name"]: {
-            "uid": p["metadata"]["uid"],
-            "restarts": {
-                c["name"]: c.get("restartCount", 0)
-                for c in p["status"].get("containerStatuses") or []
-            },
+    def router(o: dict[str, Any]) -> bool:
+        return bool(o["metadata"].get("labels", {}).get(LABEL_ROLE) == "router")
+
+    def identities(found: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            p["metadata"]["name"]: {
+                "uid": p["metadata"]["uid"],
+                "restarts": {
+                    c["name"]: c.get("restartCount", 0)
+                    for c in (p.get("status") or {}).get("containerStatuses") or []
+                },
+            }
+            for p in found
         }
-        for p in items("pods")
-    }
+
+    all_pods = items("pods")
+    replicasets = items("replicasets")
+    pods = identities([p for p in all_pods if not router(p)])
     owned = {
-        resource: {o["metadata"]["name"]: o["metadata"]["uid"] for o in items(resource)}
-        for resource in ("deployments", "replicasets")
+        "deployments": {o["metadata"]["name"]: o["metadata"]["uid"] for o in items("deployments")},
+        "replicasets": {
+            o["metadata"]["name"]: o["metadata"]["uid"] for o in replicasets if not router(o)
+        },
+    }
+    # The routers may roll once on an upgrade whose router args changed (since issue 31: its
+    # health checks); recorded apart, and the load still must lose nothing.
+    routers = {
+        "router_pods": identities([p for p in all_pods if router(p)]),
+        "router_replicasets": {
+            o["metadata"]["name"]: o["metadata"]["uid"] for o in replicasets if router(o)
+        },
     }
     revisions = {
         r["metadata"]["name"]: {"uid": r["metadata"]["uid"], "revision": r.get("revision")}
@@ -248,7 +281,13 @@ def snapshot(kind: Kind, namespace: str) -> dict[str, Any]:
             "updateRevision": status.get("updateRevision"),
             "revisions": [(r.get("revision"), r.get("phase")) for r in status.get("revisions", [])],
         }
-    return {"pods": pods, **owned, "controllerrevisions": revisions, "pddeployments": pdds}
+    return {
+        "pods": pods,
+        **owned,
+        "controllerrevisions": revisions,
+        "pddeployments": pdds,
+        **routers,
+    }
 
 
 def changes(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -276,6 +315,38 @@ def restarted(before: dict[str, Any], after: dict[str, Any]) -> tuple[int, int]:
         for container, count in pod["restarts"].items()
     )
     return replaced, restarts
+
+
+def routers_rolled(kind: Kind, namespace: str) -> bool:
+    """Every router Deployment's rollout is complete (its controller has seen the last template
+    and every replica is updated and available), its old ReplicaSets are pruned to its history
+    limit, and its pods are exactly its replicas, none terminating. Pod counts alone also match
+    the moment after a template write, before the new ReplicaSet's pod exists (CI saw that)."""
+    router = f"{LABEL_ROLE}=router"
+    deployments = kind.get("deployments", "-n", namespace, "-l", router)["items"]
+    replicasets = kind.get("replicasets", "-n", namespace, "-l", router)["items"]
+    pods = kind.get("pods", "-n", namespace, "-l", router)["items"]
+    for d in deployments:
+        replicas = int(d["spec"].get("replicas") or 0)
+        status = d.get("status") or {}
+        owned = [
+            rs
+            for rs in replicasets
+            if any(
+                o.get("uid") == d["metadata"]["uid"]
+                for o in rs["metadata"].get("ownerReferences", [])
+            )
+        ]
+        if (
+            status.get("observedGeneration", 0) < d["metadata"]["generation"]
+            or int(status.get("updatedReplicas") or 0) != replicas
+            or int(status.get("availableReplicas") or 0) != replicas
+            or int(status.get("replicas") or 0) != replicas
+            or len(owned) > int(d["spec"].get("revisionHistoryLimit", 10)) + 1
+        ):
+            return False
+    wanted = sum(int(d["spec"].get("replicas") or 0) for d in deployments)
+    return len(pods) == wanted and not any(p["metadata"].get("deletionTimestamp") for p in pods)
 
 
 def serving(kind: Kind, namespace: str, names: tuple[str, ...] = NAMES) -> bool:
@@ -317,7 +388,7 @@ def upgraded(
     run: Serving,
     path: str,
     previous_image: str,
-    do: Callable[[], None],
+    do: Callable[[], object],
     extra: dict[str, Any],
 ) -> None:
     """Run the upgrade `do`, wait until the new operator has reconciled every PDDeployment and
@@ -325,19 +396,30 @@ def upgraded(
     old_pod = operator_pod(kind, previous_image)
     started = time.monotonic()
     do()
-    pod = wait_for(lambda: operator_pod(kind, kind.images.operator), "the new operator Ready", 240)
+    wait_for(lambda: operator_pod(kind, kind.images.operator), "the new operator Ready", 240)
     ready_seconds = time.monotonic() - started
 
     def counted() -> dict[str, float] | None:
-        got = reconciles(kind, pod)
-        per = {name: got.get((namespace, name), 0.0) for name in NAMES}
+        # Summed over the new replicas: whichever leads reconciles, the standby counts 0.
+        per = dict.fromkeys(NAMES, 0.0)
+        for replica in operator_pods(kind, kind.images.operator):
+            got = reconciles(kind, replica)
+            for name in NAMES:
+                per[name] += got.get((namespace, name), 0.0)
         return per if all(count >= 1 for count in per.values()) else None
 
     first = wait_for(counted, "the new operator's reconcile of every PDDeployment", 180)
     reconciled_seconds = time.monotonic() - started
-    time.sleep(SETTLE_SECONDS)
+
+    # Any write the new operator would make follows a reconcile: one more of each PDDeployment
+    # (a resync at the latest, every 30 s) is the window, rather than a time that merely passed.
+    def reconciled_again() -> dict[str, float] | None:
+        now = counted()
+        return now if now and all(now[name] > first[name] for name in NAMES) else None
+
+    settled = wait_for(reconciled_again, "a second reconcile of every PDDeployment", 120)
+    settle_seconds = time.monotonic() - started - reconciled_seconds
     after = snapshot(kind, namespace)
-    settled = counted() or {}
     run.mark("upgraded")
     replaced, restarts = restarted(run.before, after)
     diff = changes(run.before, after)
@@ -348,21 +430,36 @@ def upgraded(
         "reconciled_seconds": round(reconciled_seconds, 1),
         "reconciles_first_seen": first,
         "reconciles_after_settle": settled,
-        "settle_seconds": SETTLE_SECONDS,
+        "settle_seconds": round(settle_seconds, 1),
         "workload_pods": len(after["pods"]),
         "pods_replaced": replaced,
         "container_restarts": restarts,
         "revisions": {n: p["currentRevision"] for n, p in after["pddeployments"].items()},
         "controller_revisions": len(after["controllerrevisions"]),
+        # The router Deployments roll where the new release renders other router args.
+        "router_replicasets_changed": len(diff["router_replicasets"]),
+        "router_pods_replaced": len(diff["router_pods"]),
         "requests_during_upgrade": {
             key: run.marks["upgraded"][key] - run.marks["loaded"][key]
             for key in run.marks["upgraded"]
         },
     }
     record(f"{path}: upgrade", {**extra, **figures})
-    operators = [p["metadata"]["name"] for p in kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR)]
-    assert old_pod and old_pod not in operators, (old_pod, operators)
-    assert all(not changed for changed in diff.values()), json.dumps(diff, indent=1)
+
+    # A rolling update (two replicas electing, since issue 31) stops the previous operator once
+    # the new ones are Ready: its pod may still be terminating here. v0.1.0 elects no leader, so
+    # until it is gone it still writes its own router args, and the routers may roll again.
+    def operators() -> list[str]:
+        return [p["metadata"]["name"] for p in kind.pods(OPERATOR_NAMESPACE, OPERATOR_SELECTOR)]
+
+    assert old_pod
+    wait_for(lambda: old_pod not in operators(), "the previous operator's pod gone", 120)
+    # The uninstall that follows must leave them exactly as the upgrade left them, once the
+    # previous operator is gone and the routers' roll is over.
+    wait_for(lambda: routers_rolled(kind, namespace), "the routers' roll over", 180)
+    run.before = snapshot(kind, namespace)
+    engines = {k: changed for k, changed in diff.items() if not k.startswith("router_")}
+    assert all(not changed for changed in engines.values()), json.dumps(engines, indent=1)
     assert replaced == 0 and restarts == 0
     assert all(v == 0 for k, v in run.marks["upgraded"].items() if k.endswith("_failed"))
     assert serving(kind, namespace)
@@ -395,15 +492,16 @@ def gone(kind: Kind, namespace: str) -> bool:
 # ---- the tests -----------------------------------------------------------------------------------
 
 
-def test_1_kustomize_upgrade_from_the_previous_release_touches_no_workload(
+def test_kustomize_upgrade_then_uninstall_and_purge(
     kind: Kind, upgrade: Upgrade, helm: Helm, overlays: dict[str, Path], namespace: str
 ) -> None:
+    # 1. The previous release, from its own deploy/, serving under load.
     started = time.monotonic()
     remove_pdmtp(kind, helm, upgrade.overlay)
     install_kustomize(kind, overlays["previous"])
     installed_seconds = round(time.monotonic() - started, 1)
     run = serve_under_load(kind, namespace, upgrade.image)
-    state["kustomize"] = run
+    # 2. This tree's deploy/ applied over it.
     upgraded(
         kind,
         namespace,
@@ -414,11 +512,7 @@ def test_1_kustomize_upgrade_from_the_previous_release_touches_no_workload(
         {"previous_release": upgrade.release, "previous_installed_seconds": installed_seconds},
     )
 
-
-def test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything(
-    kind: Kind, upgrade: Upgrade, overlays: dict[str, Path], namespace: str
-) -> None:
-    run: Serving = state["kustomize"]
+    # 3. The operator deleted: they keep serving, and the CRDs refuse deletion.
     started = time.monotonic()
     kind.kubectl("delete", "-k", str(overlays["current-operator"]), "--wait=true", timeout=300)
     wait_for(lambda: operator_gone(kind), "the operator gone", 120)
@@ -428,11 +522,13 @@ def test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything(
         refusal = ""
     except KubectlError as exc:
         refusal = str(exc)
-    time.sleep(SETTLE_SECONDS)
+    for load in run.loads.values():
+        load.wait_answers()  # with no operator
     after = snapshot(kind, namespace)
     replaced, restarts = restarted(run.before, after)
     run.mark("operator deleted")
     loads = stop_loads(run)
+    # 4. The purge.
     started = time.monotonic()
     kind.kubectl("annotate", "crd", *CRDS, f"{ALLOW_DELETE}=true", "--overwrite")
     kind.kubectl(
@@ -457,15 +553,18 @@ def test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything(
     assert replaced == 0 and restarts == 0
 
 
-def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
+def test_helm_upgrade_then_uninstall_and_purge(
     kind: Kind, upgrade: Upgrade, helm: Helm, namespace: str
 ) -> None:
+    # 1. The previous release, from its own chart, serving under load.
     chart = upgrade.tree / "charts/pdmtp"
+    current_chart = str(REPO / "charts/pdmtp")
     assert chart.is_dir(), (
         f"the previous release {upgrade.release} ({upgrade.tree.name}) has no charts/pdmtp: "
         "versions.env PREVIOUS_RELEASE_COMMIT must be a release with the Helm chart"
     )
     started = time.monotonic()
+    remove_pdmtp(kind, helm, upgrade.overlay)
     helm(
         "install",
         RELEASE,
@@ -478,7 +577,7 @@ def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
     operator_rolled_out(kind)
     installed_seconds = round(time.monotonic() - started, 1)
     run = serve_under_load(kind, namespace, upgrade.image)
-    state["helm"] = run
+    # 2. `helm upgrade` to this tree's chart and image.
     upgraded(
         kind,
         namespace,
@@ -488,7 +587,7 @@ def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
         lambda: helm(
             "upgrade",
             RELEASE,
-            str(REPO / "charts/pdmtp"),
+            current_chart,
             "-n",
             OPERATOR_NAMESPACE,
             *image_values(kind.images.operator),
@@ -496,25 +595,28 @@ def test_3_helm_upgrade_from_the_previous_release_touches_no_workload(
         {"previous_release": upgrade.release, "previous_installed_seconds": installed_seconds},
     )
 
-
-def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
-    kind: Kind, helm: Helm, namespace: str
-) -> None:
-    run: Serving = state["helm"]
-    chart = str(REPO / "charts/pdmtp")
+    # 3. `helm uninstall`: they keep serving, the CRDs stay.
     started = time.monotonic()
     helm("uninstall", RELEASE, "-n", OPERATOR_NAMESPACE)
     wait_for(lambda: operator_gone(kind), "the operator gone", 120)
     uninstall_seconds = time.monotonic() - started
-    time.sleep(SETTLE_SECONDS)
+    for load in run.loads.values():
+        load.wait_answers()  # with no operator
     after = snapshot(kind, namespace)
     replaced, restarts = restarted(run.before, after)
     kept = kind.kubectl("get", "crd", *CRDS, "-o", "name").split()
     run.mark("uninstalled")
     loads = stop_loads(run)
 
-    # Installed again (it takes over the CRDs it left), then purged.
-    helm("install", RELEASE, chart, "-n", OPERATOR_NAMESPACE, *image_values(kind.images.operator))
+    # 4. Installed again (it takes over the CRDs it left), then purged.
+    helm(
+        "install",
+        RELEASE,
+        current_chart,
+        "-n",
+        OPERATOR_NAMESPACE,
+        *image_values(kind.images.operator),
+    )
     operator_rolled_out(kind)
     assert serving(kind, namespace)
     # This tree's chart, installed by helm, serves a PDDeployment it has never seen.
@@ -526,7 +628,7 @@ def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
     helm(
         "upgrade",
         RELEASE,
-        chart,
+        current_chart,
         "-n",
         OPERATOR_NAMESPACE,
         "--reuse-values",
@@ -554,14 +656,3 @@ def test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything(
     diff = changes(run.before, after)
     assert all(not changed for changed in diff.values()), json.dumps(diff, indent=1)
     assert replaced == 0 and restarts == 0
-
-
-def test_5_the_current_release_is_installed_again_as_install_pdmtp_leaves_it(
-    kind: Kind, upgrade: Upgrade, helm: Helm
-) -> None:
-    started = time.monotonic()
-    remove_pdmtp(kind, helm, upgrade.overlay)
-    install_kustomize(kind, upgrade.overlay)
-    state["restored"] = True
-    assert operator_pod(kind, kind.images.operator)
-    record("reinstall", {"seconds": round(time.monotonic() - started, 1)})
