@@ -1,7 +1,8 @@
-"""The README's "Install on a real cluster" steps 3 and 4 with kubectl as written: a PDDeployment
-file applied, listed (the printer columns the README's comment names), changed and watched, then
-described (the operator's events); and `hack/corev1-snapshot.py` against the pinned API server
-(issue 33: every README command under a test; the registry is tests/unit/readme_commands.py).
+"""The README's "A first PDDeployment" and docs/operations.md's "Install on a real cluster" steps 3
+and 4 with kubectl as written: a PDDeployment file applied, listed (the printer columns the
+README's comment names), changed and watched, then described (the operator's events); and
+`hack/corev1-snapshot.py` against the pinned API server (issue 33: every documented command under
+a test; the registry is tests/unit/readme_commands.py).
 
 samples/full.yaml never becomes Available here: its prefill's H200 nodeSelector matches no fake
 node (the README says to edit it first), so REVISION, the serving revision, stays empty.
@@ -117,13 +118,12 @@ def test_the_corev1_snapshot_is_what_the_pinned_api_server_serves(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """`hack/corev1-snapshot.py` exactly as the README runs it (no arguments: a control plane of
-    its own at the pinned version), in a scratch tree holding the script and tests/support, so
+    its own at the pinned version), in a scratch tree holding the script and hack/lib, so
     that what it writes lands there: it reproduces the committed operator/pdmtp/api/corev1.json.
     (`cluster`: the tier's control-plane binaries are built.)"""
     (tmp_path / "hack").mkdir()
     shutil.copy2(REPO / "hack" / "corev1-snapshot.py", tmp_path / "hack")
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "support").symlink_to(REPO / "tests" / "support")
+    (tmp_path / "hack" / "lib").symlink_to(REPO / "hack" / "lib")
     written = tmp_path / "operator" / "pdmtp" / "api" / "corev1.json"
     written.parent.mkdir(parents=True)
     done = subprocess.run(

@@ -1,4 +1,6 @@
-"""Every command README.md shows a user, and the test that runs it (or why none can, here).
+"""Every command README.md and the docs it sends a user to show, and the test that runs it (or
+why none can, here). The documents are `DOCUMENTS`: README.md and docs/guide.md, operations.md and
+testing.md, where the README's details moved.
 
 A command is a line of a fenced `sh` block (continuations joined, the trailing comment dropped),
 a `$ ` line of a `console` block, or inline code that starts with `make <target>`, `pdmtp <sub>`,
@@ -7,8 +9,8 @@ a `$ ` line of a `console` block, or inline code that starts with `make <target>
 
 `REGISTRY` maps each to the pytest node ids that run it (the same binary, subcommand and flags on
 the same kind of input; `how` says where a test differs) or to `why_not`, the reason it cannot run
-on this machine and what runs instead. tests/unit/test_readme_commands.py fails when README.md
-shows a command the registry lacks, when the registry names a command README.md no longer shows
+on this machine and what runs instead. tests/unit/test_readme_commands.py fails when a document
+shows a command the registry lacks, when the registry names a command no document shows any more
 or a test that does not exist, and when docs/readme-commands.md is not `table()`:
 
     .venv/bin/python tests/unit/readme_commands.py > docs/readme-commands.md
@@ -22,6 +24,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCUMENTS = (
+    README,
+    REPO / "docs" / "guide.md",
+    REPO / "docs" / "operations.md",
+    REPO / "docs" / "testing.md",
+)
+"""The README and the pages it moved its details to: every command in them is under a test."""
 
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _INLINE = re.compile(r"`([^`\n]+)`")
@@ -81,8 +90,18 @@ def extract(text: str) -> list[str]:
     return list(dict.fromkeys(normalise(c) for c in found))
 
 
+def shown_in() -> dict[str, list[str]]:
+    """Each documented command and the documents (paths from the repository) that show it."""
+    where: dict[str, list[str]] = {}
+    for document in DOCUMENTS:
+        for command in extract(document.read_text(encoding="utf-8")):
+            where.setdefault(command, []).append(str(document.relative_to(REPO)))
+    return where
+
+
 def readme_commands() -> list[str]:
-    return extract(README.read_text(encoding="utf-8"))
+    """Every command the documents show, each once, README.md's first."""
+    return list(shown_in())
 
 
 @dataclass(frozen=True)
@@ -132,12 +151,22 @@ ELASTIC = (
 )
 EXTERNAL = f"{AUTOSCALE}::test_kubectl_scale_on_an_external_roles_scale_endpoint_changes_that_role"
 CREATE = f"{CLUSTER}/test_operator.py::test_create_becomes_available_matching_render"
+DRAIN = (
+    f"{CLUSTER}/test_budgets.py::"
+    "test_budgets_refuse_a_drain_beyond_the_allowance_and_never_hold_the_operator"
+)
 UPGRADE = "tests/e2e/test_upgrade.py"
 OPERATOR_IMAGE = "tests/images/test_operator_image.py"
 NO_DOCKER = (
     "no Docker engine and no registry on this machine; the images tier builds the same "
-    "Dockerfile with podman on locally built bases (tests/support/build_images.py, `make images`) "
+    "Dockerfile with podman on locally built bases (hack/lib/build_images.py, `make images`) "
     "and runs the image"
+)
+
+
+WALK_CANARY_PATCH = (
+    "kubectl patch pdd demo --type merge -p "
+    """'{"spec":{"speculative":{"numSpeculativeTokens":3},"rollout":{"canary":{"percent":50}}}}'"""
 )
 
 
@@ -147,10 +176,26 @@ def _tier(target: str, what: str) -> ByMake:
 
 REGISTRY: dict[str, Entry] = {
     # ---- Two commands
+    "pdmtp run --leader-elect": Run(
+        (
+            f"{CLUSTER}/test_leader_election.py::"
+            "test_a_frozen_leader_is_replaced_and_writes_nothing_after_it_wakes",
+            "tests/cluster/test_operator.py::test_operator_killed_mid_roll_finishes_it_after_restart",
+        ),
+        "two replicas with --leader-election-namespace and short lease timings",
+    ),
+    "kubectl get lease -n pdmtp-system pdmtp-operator": Run(
+        (
+            "tests/e2e/test_install.py::"
+            "test_operator_runs_in_cluster_from_deploy_with_its_own_identity",
+            "tests/e2e/test_operator_failover.py::test_1_the_leaders_pod_deleted_mid_roll",
+        ),
+        "Kind.operator_leader runs it with -o json and reads the holder",
+    ),
     "make demo": Run((DEMO,), "runs `make demo DEMO_DIR=<tmp>`: the demo's state in its own dir"),
     "make demo DEMO_DIR=/tmp/demo2": Run((DEMO,), "with DEMO_DIR a temporary directory"),
     "make test": ByMake(
-        "what CI runs (.ci/run); a test cannot run the suite it belongs to (~58 min)",
+        "what CI runs (.ci/run); a test cannot run the suite it belongs to (over an hour)",
         (".ci/run", "exec make test"),
     ),
     "kubectl get pdd,deploy,pods": Run((DEMO,), "hack/demo.sh runs it (with -o wide)"),
@@ -166,6 +211,15 @@ REGISTRY: dict[str, Entry] = {
     "make test-router": _tier("test-router", "the router tier"),
     "make test-cluster": _tier("test-cluster", "the cluster tier"),
     "kubectl scale": Run((EXTERNAL,), "`kubectl scale pdrolescale <name>-decode --replicas=4`"),
+    "kubectl drain": Run(
+        (
+            DRAIN,
+            f"{CLUSTER}/test_multinode.py::test_groups_serve_whole_recover_whole_roll_and_scale_by_groups",
+        ),
+        "the Eviction API (policy/v1) `kubectl drain` calls for each pod, pod by pod: one "
+        "evicted, the next refused until its replacement is Ready; no node is cordoned (KWOK's "
+        "nodes run no kubelet to drain)",
+    ),
     "make test-engine": _tier("test-engine", "the engine tier"),
     "make test-pd-cpu": _tier("test-pd-cpu", "the CPU P/D tier"),
     "pdmtp render": Run(
@@ -217,7 +271,7 @@ REGISTRY: dict[str, Entry] = {
     "kubectl apply --server-side -k deploy/": Run(
         (
             INSTALL,
-            f"{UPGRADE}::test_1_kustomize_upgrade_from_the_previous_release_touches_no_workload",
+            f"{UPGRADE}::test_kustomize_upgrade_then_uninstall_and_purge",
         ),
         "test_install.py's `installed` fixture applies deploy/ itself; kind: an overlay of "
         "deploy/ that only swaps the operator image",
@@ -259,7 +313,7 @@ REGISTRY: dict[str, Entry] = {
     "make lint": _tier("lint", "first"),
     "helm template": Run(
         ("tests/unit/test_chart.py::test_defaults_watch_every_namespace_with_one_cluster_binding",),
-        "`helm template pdmtp charts/pdmtp -n pdmtp-system` (tests/support/chart.py)",
+        "`helm template pdmtp charts/pdmtp -n pdmtp-system` (hack/lib/chart.py)",
     ),
     "kubectl kustomize deploy/": ByMake(
         "hack/chart-check.py (`make chart-check`, in `make lint`) compares it with helm template",
@@ -282,10 +336,10 @@ REGISTRY: dict[str, Entry] = {
     "make verify": Run((f"{EXAMPLES}::test_make_verify",)),
     "helm uninstall": Run((CHART,)),
     "helm upgrade pdmtp charts/pdmtp -n pdmtp-system --reuse-values --set crds.keep=false": Run(
-        (CHART, f"{UPGRADE}::test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything")
+        (CHART, f"{UPGRADE}::test_helm_upgrade_then_uninstall_and_purge")
     ),
     "helm uninstall pdmtp -n pdmtp-system": Run(
-        (CHART, f"{UPGRADE}::test_4_helm_uninstall_keeps_serving_and_the_purge_removes_everything"),
+        (CHART, f"{UPGRADE}::test_helm_upgrade_then_uninstall_and_purge"),
         "the cluster test adds --wait",
     ),
     "kubectl apply -k deploy/": Run(
@@ -300,7 +354,7 @@ REGISTRY: dict[str, Entry] = {
         )
     ),
     "helm upgrade pdmtp charts/pdmtp -n pdmtp-system --reuse-values": Run(
-        (CHART, f"{UPGRADE}::test_3_helm_upgrade_from_the_previous_release_touches_no_workload"),
+        (CHART, f"{UPGRADE}::test_helm_upgrade_then_uninstall_and_purge"),
         "the cluster test: exactly, after its other upgrade; kind: from the previous release's "
         "chart, the image set instead of --reuse-values",
     ),
@@ -309,26 +363,26 @@ REGISTRY: dict[str, Entry] = {
     "kubectl delete -k deploy/operator/": Run(
         (
             INSTALL,
-            f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",
+            f"{UPGRADE}::test_kustomize_upgrade_then_uninstall_and_purge",
         ),
         "the cluster test with --dry-run=server; kind: for real, on the overlay of deploy/operator",
     ),
     "kubectl delete crd pddeployments.pdmtp.io": Run(
         (
             INSTALL,
-            f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",
+            f"{UPGRADE}::test_kustomize_upgrade_then_uninstall_and_purge",
         ),
         "refused by the guard: the cluster test with --dry-run=server (admission runs), "
         "kind for real",
     ),
     "kubectl annotate crd pddeployments.pdmtp.io pdrolescales.pdmtp.io "
     "pdmtp.io/allow-delete=true": Run(
-        (f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",),
+        (f"{UPGRADE}::test_kustomize_upgrade_then_uninstall_and_purge",),
         "with --overwrite; the cluster tier's test_install annotates one CRD and dry-runs "
         "the delete",
     ),
     "kubectl delete -k deploy/": Run(
-        (f"{UPGRADE}::test_2_kustomize_uninstall_keeps_serving_and_the_purge_removes_everything",),
+        (f"{UPGRADE}::test_kustomize_upgrade_then_uninstall_and_purge",),
         "kind: on the overlay of deploy/ that swaps the operator image, with --ignore-not-found",
     ),
     # ---- Health, admission, kind
@@ -412,13 +466,48 @@ REGISTRY: dict[str, Entry] = {
     # ---- Local Kubernetes without Docker
     "make cluster-up": Run(
         (DEMO,),
-        "hack/demo.sh runs the target's own command (tests/support/localcluster.py up --dir) "
+        "hack/demo.sh runs the target's own command (hack/lib/localcluster.py up --dir) "
         "on DEMO_DIR; the target itself writes .cluster/ in the tree (no directory variable)",
     ),
     "export KUBECONFIG=<PWD>/.cluster/kubeconfig": Run(
         (DEMO,), "the kubeconfig that `localcluster.py up` writes, in DEMO_DIR"
     ),
     "make cluster-down": Run((DEMO,), "likewise: `localcluster.py down --dir` through demo-down"),
+    # ---- README: the CLI, the first PDDeployment, troubleshooting
+    "pip install .": Run(
+        (f"{OPERATOR_IMAGE}::test_the_image_carries_the_release_version",),
+        "the operator image's build: `pip wheel .` of the checkout, that wheel pip-installed into "
+        "a venv, then the installed `pdmtp --version` run (images/operator/Dockerfile)",
+    ),
+    "kubectl describe pdd <NAME>": Run((APPLY_GET,), "on its PDDeployment, with the events"),
+    "kubectl describe": Run((APPLY_GET,)),
+    "pdmtp rollout status": Run((CANARY, PAUSE)),
+    "pdmtp rollout status <NAME>": Run((CANARY, PAUSE), "with --timeout, so that a failure ends"),
+    "pdmtp rollout resume <NAME>": Run((PAUSE,)),
+    "pdmtp rollout undo <NAME>": Run((UNDO,), "without --to-revision: back to the previous one"),
+    # ---- docs/testing.md: the new reader's walk-through
+    "make demo DEMO_DIR=/tmp/walk": Run((DEMO,), "with DEMO_DIR a temporary directory"),
+    "export KUBECONFIG=/tmp/walk/kubeconfig": Run(
+        (DEMO,), "the kubeconfig the demo writes in DEMO_DIR, read by the test"
+    ),
+    "export PATH=<HOME>/.cache/pdmtp/bin/v1.37.2:<PWD>/.venv/bin:<PATH>": Run(
+        (DEMO,),
+        "the demo runs that kubectl (hack/demo.sh: the bin directory of the pinned Kubernetes, "
+        "under PDMTP_CACHE_DIR) and prints its path; .venv/bin holds the pdmtp `make venv` "
+        "installs",
+    ),
+    "kubectl get pdd": Run((APPLY_GET,), "with -n; the header is the columns the README names"),
+    "kubectl describe pdd demo": Run(
+        (DEMO, APPLY_GET), "hack/demo.sh runs it after the rollout (its events)"
+    ),
+    "pdmtp rollout history demo": Run((UNDO,), "on its PDDeployment `undo`"),
+    WALK_CANARY_PATCH: Run(
+        (DEMO, CANARY),
+        "hack/demo.sh runs `kubectl patch pdd demo --type merge` with k alone; the canary test "
+        "patches k and a 50% canary through the API",
+    ),
+    "pdmtp rollout status demo --timeout 120": Run((CANARY,), "after the promotion"),
+    "make demo-down DEMO_DIR=/tmp/walk": Run((DEMO,), "with DEMO_DIR a temporary directory"),
 }
 
 
@@ -434,15 +523,17 @@ def table() -> str:
         "<!-- Regenerate: .venv/bin/python tests/unit/readme_commands.py "
         "> docs/readme-commands.md -->",
         "",
-        "# README commands and the tests that run them",
+        "# Documented commands and the tests that run them",
         "",
-        "Every command README.md shows (fenced `sh`/`console` blocks and inline commands, "
-        "placeholders as `<NAME>`), and the test that runs it, the `make test` step that does, "
-        "or why nothing can on this machine. A README command missing here fails the unit tier.",
+        "Every command README.md, docs/guide.md, docs/operations.md and docs/testing.md show "
+        "(fenced `sh`/`console` blocks and inline commands, placeholders as `<NAME>`), where, "
+        "and the test that runs it, the `make test` step that does, or why nothing can on this "
+        "machine. A documented command missing here fails the unit tier.",
         "",
-        "| # | command | run by | how / why not |",
-        "|---|---|---|---|",
+        "| # | command | shown in | run by | how / why not |",
+        "|---|---|---|---|---|",
     ]
+    where = shown_in()
     for i, (command, entry) in enumerate(REGISTRY.items(), 1):
         if isinstance(entry, Run):
             by, how = "<br>".join(f"`{t}`" for t in entry.tests), entry.how
@@ -450,7 +541,8 @@ def table() -> str:
             by, how = "`make test`", f"{entry.how} ({entry.evidence[0]})"
         else:
             by, how = "not run here", entry.why_not
-        lines.append(f"| {i} | `{_cell(command)}` | {_cell(by)} | {_cell(how)} |")
+        docs = ", ".join(Path(d).name for d in where.get(command, []))
+        lines.append(f"| {i} | `{_cell(command)}` | {docs} | {_cell(by)} | {_cell(how)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -100,6 +100,7 @@ def test_printer_columns_condition_types_and_every_reason(reference: str) -> Non
         value
         for name, value in vars(reasons).items()
         if name.isupper()
+        and not name.startswith("_")  # the module's own phrases, shared by several reasons
         and isinstance(value, str)
         and value not in (*reasons.CONDITION_TYPES, reasons.EVENT)
     ]

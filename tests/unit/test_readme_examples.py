@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pdmtp
 import yaml
-from pdmtp.cli import load_one
+from pdmtp.cli.inputs import load_one
 from pdmtp.core.revision import compat_revision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,19 +138,23 @@ def test_make_verify() -> None:
 
 
 def test_make_generate_in_a_scratch_copy(tmp_path: Path) -> None:
-    """The target writes crds/, the chart's copy and docs/api-reference.md; run where it writes
-    a copy of them, it must give the committed files."""
+    """The target writes crds/, the chart's copy, docs/api-reference.md and README.md's
+    generated tables; run where it writes a copy of them, it must give the committed files."""
     for part in ("crds", "charts/pdmtp/files/crds", "docs"):
         shutil.copytree(REPO / part, tmp_path / part)
     for generated in (tmp_path / "crds").glob("pdmtp.io_*.yaml"):
         generated.write_text("stale\n")
+    readme = (REPO / "README.md").read_text()
+    start, end = "<!-- generated:troubleshooting -->\n", "<!-- /generated:troubleshooting -->"
+    stale = readme[: readme.index(start) + len(start)] + readme[readme.index(end) :]
+    (tmp_path / "README.md").write_text(stale)
     done = make("generate", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     for part in ("crds", "charts/pdmtp/files/crds"):
         for path in sorted((REPO / part).iterdir()):
             assert (tmp_path / part / path.name).read_text() == path.read_text(), path
-    api = "docs/api-reference.md"
-    assert (tmp_path / api).read_text() == (REPO / api).read_text()
+    for made in ("docs/api-reference.md", "README.md"):
+        assert (tmp_path / made).read_text() == (REPO / made).read_text(), made
 
 
 def test_render_the_multinode_sample_shows_groups_ranks_and_gangs() -> None:
