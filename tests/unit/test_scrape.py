@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,12 +96,16 @@ def test_only_autoscaled_pddeployments_are_scraped() -> None:
     rounds: list[tuple[str, str]] = []
     s.on_scraped = rounds.append
 
-    async def tick() -> None:
+    async def run_until(done: Callable[[], bool], seconds: float) -> None:
+        """Run the scraper until `done` holds, or for `seconds` (a window in which nothing may
+        happen, when `done` never holds)."""
         task = asyncio.create_task(s.run())
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + seconds
+        while not done() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         task.cancel()
 
-    asyncio.run(tick())
+    asyncio.run(run_until(lambda: False, 0.3))
     assert source.asked == [] and rounds == []
     s.pdds.put(
         "PDDeployment",
@@ -108,7 +114,7 @@ def test_only_autoscaled_pddeployments_are_scraped() -> None:
             "metadata": {**pdd(None)["metadata"], "resourceVersion": "2"},
         },
     )
-    asyncio.run(tick())
+    asyncio.run(run_until(lambda: bool(rounds), 10))
     assert source.asked == ["d-0"] and rounds == [("ns", "x")]
 
 
