@@ -145,6 +145,10 @@ def test_1_a_lost_node_is_counted_and_served_around(kind: Kind, api: Any, namesp
     # Served around only if a pod of each role lives elsewhere: a placement that puts all of one
     # role on the frozen worker fails here, named, rather than as an outage later.
     assert sorted(set(roles)) == roles, f"{node} holds every pod of a role: {roles}"
+    # The cluster's DNS must outlive the node (hack/kind/coredns.yaml keeps it on the control
+    # plane): the load client finds the router Service by name.
+    dns = {p["spec"].get("nodeName") for p in kind.pods("kube-system", "k8s-app=kube-dns")}
+    assert node not in dns, f"{node} holds the cluster's DNS: freezing it would test DNS"
 
     def routed() -> set[str]:
         """Engine pods that some router of the PDDeployment still lists, by name."""
