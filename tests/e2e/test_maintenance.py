@@ -124,6 +124,31 @@ def busiest_worker(kind: Kind, namespace: str, spared: str = "") -> tuple[str, l
     return node, sorted(by_node[node])
 
 
+def where_requests_go(kind: Kind, namespace: str, frozen: str) -> str:
+    """What a request of the load client meets, for a failure message: the cluster's DNS, the
+    router Service's endpoints and the PDDeployment's pods, each with its node."""
+
+    def place(p: dict[str, Any]) -> str:
+        node = p["spec"].get("nodeName", "-")
+        ready = any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in p["status"].get("conditions", [])
+        )
+        leaving = " deleting" if p["metadata"].get("deletionTimestamp") else ""
+        mark = " (frozen)" if node == frozen else ""
+        return f"{p['metadata']['name']}@{node}{mark} ready={ready}{leaving}"
+
+    dns = [place(p) for p in kind.pods("kube-system", "k8s-app=kube-dns")]
+    pods = [place(p) for p in kind.pods(namespace, f"{LABEL_NAME}={NAME}")]
+    slices = kind.get("endpointslices", "-n", namespace, "-l", f"kubernetes.io/service-name={NAME}")
+    endpoints = [
+        f"{e['addresses'][0]} ready={e.get('conditions', {}).get('ready')}"
+        for s in slices["items"]
+        for e in s.get("endpoints") or []
+    ]
+    return f"DNS {dns}; Service {NAME} endpoints {endpoints}; pods {pods}"
+
+
 def watch(api: Any, kind: Kind, namespace: str) -> RolloutWatcher:
     spec = builder(kind).build().spec
     watcher = RolloutWatcher(api, namespace, NAME, target_and_policy(check(spec))[1])
@@ -180,7 +205,12 @@ def test_1_a_lost_node_is_counted_and_served_around(kind: Kind, api: Any, namesp
             "the rolled routers' old pods gone",
             120,
         )
-        run.wait_answers()
+        try:
+            run.wait_answers()
+        except TimeoutError as exc:
+            seen = f"client (seconds, answers) {run.answered()}"
+            met = where_requests_go(kind, namespace, node)
+            raise TimeoutError(f"{exc}; {seen}; {met}") from exc
         run.stop()
         summary = run.summary()
         after = LoadRun.start(kind, namespace, NAME, max_requests=300, max_seconds=60).summary()
