@@ -363,18 +363,15 @@ def test_stuck_first_then_by_kind_then_by_object() -> None:
     ]
 
 
-def test_the_order_of_kinds_is_the_status_schemas() -> None:
-    assert WAIT_ORDER == (
-        "Unschedulable",
-        "ImagePull",
-        "ContainerError",
-        "CrashLoop",
-        "DisruptionBudget",
-        "Starting",
-        "NotReady",
-        "ListedByRouter",
-        "Draining",
-    )
+def test_what_to_fix_first_is_named_first() -> None:
+    """What only the user resolves (capacity, an image, a config, a crash loop) comes before a
+    budget that holds a drain, and that before what is on its way (starting, not Ready yet,
+    leaving, draining)."""
+    fix, held = {"Unschedulable", "ImagePull", "ContainerError", "CrashLoop"}, "DisruptionBudget"
+    on_its_way = {"Starting", "NotReady", "ListedByRouter", "Draining"}
+    assert set(WAIT_ORDER) == fix | {held} | on_its_way
+    assert max(WAIT_ORDER.index(k) for k in fix) < WAIT_ORDER.index(held)
+    assert WAIT_ORDER.index(held) < min(WAIT_ORDER.index(k) for k in on_its_way)
 
 
 def test_one_fact_per_object_and_kind() -> None:
