@@ -33,13 +33,20 @@ ensure_debs() {
     "${missing[@]}" >&2
 }
 
+# The venvs' installs compile every module's bytecode (uv's default does not, and this machine's
+# environment sets PYTHONDONTWRITEBYTECODE, so nothing writes it later): without it, each engine
+# process compiles vLLM's sources afresh, ~50 s of CPU per start (`import vllm` 78 s -> 28 s).
+# Part of the hash, so that venvs built before it are rebuilt.
+uv_install=(pip install --compile-bytecode)
+
 # venv_begin PINS FILE...: sets venv to the cached venv for these pins (a line naming them, and
 # the requirements files). When it is complete, prints its path and exits; otherwise (under a
-# lock, so concurrent runs build it once) creates it empty with uv in it and returns for the
-# caller to install into it and call venv_done.
+# lock, so concurrent runs build it once) removes this venv's superseded builds (other hashes:
+# several GB each), creates it empty with uv in it and returns for the caller to install into it
+# (`"$venv/bin/uv" "${uv_install[@]}" ...`) and call venv_done.
 venv_begin() {
   local pin_hash
-  pin_hash="$({ echo "$1"; cat "${@:2}"; } | sha256sum | cut -c1-12)"
+  pin_hash="$({ echo "$1 ${uv_install[*]}"; cat "${@:2}"; } | sha256sum | cut -c1-12)"
   venv="$cache_dir/$name-$pin_hash"
   if [[ -f "$venv/.complete" ]]; then
     echo "$venv"
@@ -54,6 +61,12 @@ venv_begin() {
     exit 0
   fi
   started=$SECONDS
+  local stale
+  for stale in "$cache_dir/$name"-????????????; do
+    [[ -d $stale && $stale != "$venv" ]] || continue
+    log "removing the superseded $stale"
+    rm -rf "$stale"
+  done
   rm -rf "$venv"
   local python="${PDMTP_ENGINE_PYTHON:-python3}"
   log "creating $venv with $($python --version 2>&1)"

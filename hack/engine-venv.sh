@@ -16,7 +16,7 @@ ensure_debs libibverbs1 ibverbs-providers
 venv_begin "vllm==$VLLM_VERSION $mooncake_pin uv==$UV_VERSION" "$test_requirements"
 
 # uv downloads in parallel; the torch + CUDA runtime wheels vLLM pulls are several GB.
-"$venv/bin/uv" pip install --python "$venv/bin/python" --quiet \
+"$venv/bin/uv" "${uv_install[@]}" --python "$venv/bin/python" --quiet \
   "vllm==$VLLM_VERSION" "$mooncake_pin" -r "$test_requirements" >&2
 
 # Prove the result imports before marking it usable.

