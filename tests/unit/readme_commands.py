@@ -229,6 +229,13 @@ REGISTRY: dict[str, Entry] = {
         )
     ),
     "make test-images": _tier("test-images", "the images tier"),
+    "make test-beside": _tier(
+        "test-beside", "the engine and CPU P/D tiers beside the cluster and images tiers"
+    ),
+    "hack/beside.sh": ByMake(
+        "`make test-beside` runs it, with the engine and CPU P/D tiers in the background",
+        ("Makefile", "test-beside"),
+    ),
     "make kind-e2e": _tier("kind-e2e", "the kind tier"),
     "make test-keda": _tier("test-keda", "the KEDA test, last"),
     "hack/prebuild.sh": ByMake(
