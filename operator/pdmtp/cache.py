@@ -12,7 +12,11 @@ comes back without its custom resources for a while, delays the operator instead
 
 The store also takes the API server's answers to the operator's own writes (`put`, `drop`), so
 a reconcile that follows a write sees it even before the watch delivers it; an event older than
-what the store holds (by resourceVersion) is ignored.
+what the store holds (by resourceVersion) is ignored. So is an answer older than the deletion the
+watch already reported: a pod marked as leaving while its ReplicaSet deleted it must not come
+back as a ghost that no later event removes (it held a scale-down as unfinished until the next
+re-list, minutes later). A deletion leaves a tombstone, its resourceVersion, until a newer
+version of that name is stored or the next listing.
 """
 
 from __future__ import annotations
@@ -59,6 +63,19 @@ def _newer_or_equal(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
         return True
 
 
+def _version(resource_version: object) -> int | None:
+    try:
+        return int(str(resource_version))
+    except ValueError:
+        return None
+
+
+def _outlived(obj: Mapping[str, Any], tombstone: int | None) -> bool:
+    """Whether `obj` is newer than the deletion its name's tombstone records (if any)."""
+    version = _version((obj.get("metadata") or {}).get("resourceVersion"))
+    return tombstone is None or version is None or version > tombstone
+
+
 def _slim(obj: Obj, kind: str) -> Obj:
     obj["kind"] = kind
     # managedFields are the bulk of an object and nothing here reads them.
@@ -74,6 +91,7 @@ class Table:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[Key, Obj] = {}
+        self._deleted: dict[Key, int] = {}
 
     def put(self, kind: str, obj: Obj) -> Key | None:
         meta = obj.get("metadata") or {}
@@ -82,12 +100,19 @@ class Table:
             current = self._objects.get(key)
             if current is not None and not _newer_or_equal(obj, current):
                 return None
+            if current is None and not _outlived(obj, self._deleted.get(key)):
+                return None
+            self._deleted.pop(key, None)
             self._objects[key] = _slim(obj, kind)
         return key
 
-    def drop(self, kind: str, namespace: str, name: str) -> Key | None:
+    def drop(
+        self, kind: str, namespace: str, name: str, resource_version: str | None = None
+    ) -> Key | None:
         with self._lock:
             self._objects.pop((namespace, name), None)
+            if (version := _version(resource_version)) is not None:
+                self._deleted[(namespace, name)] = version
         return (namespace, name)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -96,6 +121,8 @@ class Table:
             meta = obj.get("metadata") or {}
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         with self._lock:
+            for key in [k for k in self._deleted if namespace is None or k[0] == namespace]:
+                del self._deleted[key]
             gone = {k for k in self._objects if namespace is None or k[0] == namespace} - set(fresh)
             for key in gone:
                 del self._objects[key]
@@ -114,7 +141,9 @@ class Table:
 
 class Sink(Protocol):
     def put(self, kind: str, obj: Obj) -> Key | None: ...
-    def drop(self, kind: str, namespace: str, name: str) -> Key | None: ...
+    def drop(
+        self, kind: str, namespace: str, name: str, resource_version: str | None = None
+    ) -> Key | None: ...
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]: ...
 
 
@@ -126,6 +155,8 @@ class ChildStore:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[Key, Obj]] = {}
         self._owned: dict[Key, set[tuple[str, Key]]] = {}
+        self._deleted: dict[str, dict[Key, int]] = {}
+        """Per kind, the resourceVersion at which a name was last deleted: its tombstone."""
 
     def _index(self, kind: str, key: Key, obj: Obj | None) -> Key | None:
         old = self._objects.setdefault(kind, {}).get(key)
@@ -150,10 +181,20 @@ class ChildStore:
             current = self._objects.get(kind, {}).get(key)
             if current is not None and not _newer_or_equal(obj, current):
                 return None
+            deleted = self._deleted.get(kind, {})
+            if current is None and not _outlived(obj, deleted.get(key)):
+                return None
+            deleted.pop(key, None)
             return self._index(kind, key, _slim(obj, kind))
 
-    def drop(self, kind: str, namespace: str, name: str) -> Key | None:
+    def drop(
+        self, kind: str, namespace: str, name: str, resource_version: str | None = None
+    ) -> Key | None:
+        """Forget `name`; with the deletion's resourceVersion (a watch's DELETED event), refuse
+        older versions of it from then on (a write's answer that arrives late)."""
         with self._lock:
+            if (version := _version(resource_version)) is not None:
+                self._deleted.setdefault(kind, {})[(namespace, name)] = version
             return self._index(kind, (namespace, name), None)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -164,6 +205,9 @@ class ChildStore:
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         changed: set[Key] = set()
         with self._lock:
+            deleted = self._deleted.setdefault(kind, {})
+            for key in [k for k in deleted if namespace is None or k[0] == namespace]:
+                del deleted[key]
             held = self._objects.setdefault(kind, {})
             scope = [k for k in held if namespace is None or k[0] == namespace]
             for key in scope:
@@ -308,7 +352,9 @@ class Reflector:
             return
         meta = raw.get("metadata") or {}
         if change == "DELETED":
-            owner = self.store.drop(self.kind.kind, meta.get("namespace", ""), meta["name"])
+            owner = self.store.drop(
+                self.kind.kind, meta.get("namespace", ""), meta["name"], meta.get("resourceVersion")
+            )
         else:
             owner = self.store.put(self.kind.kind, raw)
         if owner is not None:
