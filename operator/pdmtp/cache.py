@@ -70,10 +70,31 @@ def _version(resource_version: object) -> int | None:
         return None
 
 
-def _outlived(obj: Mapping[str, Any], tombstone: int | None) -> bool:
-    """Whether `obj` is newer than the deletion its name's tombstone records (if any)."""
-    version = _version((obj.get("metadata") or {}).get("resourceVersion"))
-    return tombstone is None or version is None or version > tombstone
+class _Tombstones:
+    """The resourceVersion at which each name was last deleted, as the watch reported it; the
+    callers hold their store's lock."""
+
+    def __init__(self) -> None:
+        self._deleted: dict[Key, int] = {}
+
+    def bury(self, key: Key, resource_version: str | None) -> None:
+        if (version := _version(resource_version)) is not None:
+            self._deleted[key] = version
+
+    def outlived(self, key: Key, obj: Mapping[str, Any]) -> bool:
+        """Whether `obj` is newer than its name's last deletion (if any); forgets the deletion
+        when it is, since the name lives again."""
+        tombstone = self._deleted.get(key)
+        version = _version((obj.get("metadata") or {}).get("resourceVersion"))
+        if tombstone is not None and version is not None and version <= tombstone:
+            return False
+        self._deleted.pop(key, None)
+        return True
+
+    def clear(self, namespace: str | None) -> None:
+        """A fresh listing of `namespace` (or of everything) is the whole truth."""
+        for key in [k for k in self._deleted if namespace is None or k[0] == namespace]:
+            del self._deleted[key]
 
 
 def _slim(obj: Obj, kind: str) -> Obj:
@@ -91,7 +112,7 @@ class Table:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[Key, Obj] = {}
-        self._deleted: dict[Key, int] = {}
+        self._deleted = _Tombstones()
 
     def put(self, kind: str, obj: Obj) -> Key | None:
         meta = obj.get("metadata") or {}
@@ -100,9 +121,8 @@ class Table:
             current = self._objects.get(key)
             if current is not None and not _newer_or_equal(obj, current):
                 return None
-            if current is None and not _outlived(obj, self._deleted.get(key)):
+            if current is None and not self._deleted.outlived(key, obj):
                 return None
-            self._deleted.pop(key, None)
             self._objects[key] = _slim(obj, kind)
         return key
 
@@ -111,8 +131,7 @@ class Table:
     ) -> Key | None:
         with self._lock:
             self._objects.pop((namespace, name), None)
-            if (version := _version(resource_version)) is not None:
-                self._deleted[(namespace, name)] = version
+            self._deleted.bury((namespace, name), resource_version)
         return (namespace, name)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -121,8 +140,7 @@ class Table:
             meta = obj.get("metadata") or {}
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         with self._lock:
-            for key in [k for k in self._deleted if namespace is None or k[0] == namespace]:
-                del self._deleted[key]
+            self._deleted.clear(namespace)
             gone = {k for k in self._objects if namespace is None or k[0] == namespace} - set(fresh)
             for key in gone:
                 del self._objects[key]
@@ -155,8 +173,8 @@ class ChildStore:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[Key, Obj]] = {}
         self._owned: dict[Key, set[tuple[str, Key]]] = {}
-        self._deleted: dict[str, dict[Key, int]] = {}
-        """Per kind, the resourceVersion at which a name was last deleted: its tombstone."""
+        self._deleted: dict[str, _Tombstones] = {}
+        """Per kind, the names' deletions the watch reported."""
 
     def _index(self, kind: str, key: Key, obj: Obj | None) -> Key | None:
         old = self._objects.setdefault(kind, {}).get(key)
@@ -181,10 +199,9 @@ class ChildStore:
             current = self._objects.get(kind, {}).get(key)
             if current is not None and not _newer_or_equal(obj, current):
                 return None
-            deleted = self._deleted.get(kind, {})
-            if current is None and not _outlived(obj, deleted.get(key)):
+            deleted = self._deleted.setdefault(kind, _Tombstones())
+            if current is None and not deleted.outlived(key, obj):
                 return None
-            deleted.pop(key, None)
             return self._index(kind, key, _slim(obj, kind))
 
     def drop(
@@ -193,8 +210,7 @@ class ChildStore:
         """Forget `name`; with the deletion's resourceVersion (a watch's DELETED event), refuse
         older versions of it from then on (a write's answer that arrives late)."""
         with self._lock:
-            if (version := _version(resource_version)) is not None:
-                self._deleted.setdefault(kind, {})[(namespace, name)] = version
+            self._deleted.setdefault(kind, _Tombstones()).bury((namespace, name), resource_version)
             return self._index(kind, (namespace, name), None)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -205,9 +221,7 @@ class ChildStore:
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         changed: set[Key] = set()
         with self._lock:
-            deleted = self._deleted.setdefault(kind, {})
-            for key in [k for k in deleted if namespace is None or k[0] == namespace]:
-                del deleted[key]
+            self._deleted.setdefault(kind, _Tombstones()).clear(namespace)
             held = self._objects.setdefault(kind, {})
             scope = [k for k in held if namespace is None or k[0] == namespace]
             for key in scope:

@@ -89,14 +89,14 @@ def make_test_targets() -> set[str]:
     found: set[str] = set()
     pending = ["test"]
     while pending:
-        target = pending.pop()
+        step_of = pending.pop()
         made = {
             word.strip("'\"")
-            for line in recipes.get(target, [])
+            for line in recipes.get(step_of, [])
             for part in line.split("$(MAKE)")[1:]
             for word in part.split()
         }
-        for step in (made | set(rules.get(target, []))) & rules.keys() - found:
+        for step in (made | set(rules.get(step_of, []))) & rules.keys() - found:
             found.add(step)
             pending.append(step)
     return found
