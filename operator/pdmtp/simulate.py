@@ -49,9 +49,23 @@ class SimWorkload:
     def active(self) -> list[SimPod]:
         return [p for p in self.pods if p.terminating_for is None]
 
-    def observe(self) -> RoleState:
-        serving = sum(p.ready and not p.leaving for p in self.active())
-        return RoleState(self.replicas, len(self.pods), serving)
+    def observe(self, routed: frozenset[str] | None = None) -> RoleState:
+        """As `observe.revision_states` counts it; an engine role's `routed` are the engines its
+        revision's Ready router pods list (None for the router role)."""
+        serving = [p for p in self.active() if p.ready and not p.leaving]
+        if routed is None:
+            return RoleState(self.replicas, len(self.pods), len(serving))
+        return RoleState(
+            self.replicas,
+            len(self.pods),
+            len(serving),
+            unlisted=sum(p.name not in routed for p in serving),
+            still_listed=sum(p.ready and p.leaving and p.name in routed for p in self.active()),
+        )
+
+    def routed(self) -> frozenset[str]:
+        """A router workload's Ready pods' engines: what its clients reach."""
+        return frozenset(name for p in self.active() if p.ready for name in p.lists)
 
 
 @dataclass
@@ -66,10 +80,11 @@ class SimRevision:
 
     def observe(self) -> RevisionState:
         w = self.workloads
+        routed = w["router"].routed()
         return RevisionState(
             self.revision,
-            w["prefill"].observe(),
-            w["decode"].observe(),
+            w["prefill"].observe(routed),
+            w["decode"].observe(routed),
             w["router"].observe(),
             None if self.deleted else self.drain_until,
             self.created,

@@ -134,7 +134,7 @@ def test_the_checker_counts_only_what_a_client_can_reach() -> None:
     ]
     (violation,) = monitor.check(Moment(5.0, states))
     assert violation.startswith("invariant 3 at t=5.0: 2 decode pods a client can reach")
-    assert "bbbb [1, 1, 0, 1]" in violation and "cccc [2, 1, 1, 1]" in violation
+    assert "bbbb [1, 1, 1, 0, 1]" in violation and "cccc [2, 1, 1, 1, 1]" in violation
 
 
 # ---- the superseded roll's dip -----------------------------------------------------------------
@@ -191,7 +191,7 @@ def test_a_planner_counting_every_ready_router_pod_is_caught(
     controllers' lag, and only there (the simulation without it never shows that moment)."""
 
     def every_ready_router(states: list[RevisionState], role: EngineRole) -> int:
-        return sum(s.role(role).ready for s in states if s.serving)
+        return sum(s.role(role).listed for s in states if s.serving)
 
     monkeypatch.setattr(planner, "reachable_ready", every_ready_router)
     a = revisions(prefill=1)[0]

@@ -14,7 +14,9 @@ them, stopping at a refusal) bring it up, and then drives the real `decide()` th
 - scaling up and down, with no rollout;
 
 with member failures injected at random steps (a member pod deleted, a member's container
-restarted, a member set not Ready until it recovers) in half the examples.
+restarted, a member set not Ready until it recovers) in half the examples, and the operator killed
+for up to 3 steps at up to two random steps of the roll (nothing reconciles while the controllers
+and kubelets go on; it continues from what it observes).
 
 Checked at every step, from the raw pods and objects (this file folds groups itself, it does not
 use `core.grouping`):
@@ -32,8 +34,8 @@ use `core.grouping`):
 5. without injected failures, the rollout invariants (`InvariantMonitor`: the availability floor,
    the surge ceiling, traffic only with a ready prefill and decode, the drain, the anchor, out of
    routing before terminating) over revision states computed from whole groups here: so the
-   serving groups per role never drop below the floor (with maxUnavailable 0, the desired count,
-   once available).
+   groups per role that a Ready router pod lists (the floor as clients see it) never drop below
+   the floor (with maxUnavailable 0, the desired count, once available).
 
 And at the end, failures stopped and the clock run on past every drain: Available is True, the
 spec's revision alone is left (Deployments, PodGroups, Services, pods), with exactly the desired
@@ -343,6 +345,10 @@ class Sim:
     failures: int = 0
     monitor: InvariantMonitor | None = None
     log: list[str] = field(default_factory=list)
+    kills: dict[int, int] = field(default_factory=dict)
+    """Operator kills: at step n (counted from the start), down for that many steps."""
+    down: int = 0
+    """Steps left with no operator (killed; its restart continues from what it observes)."""
     _revision: str | None = None
     _found: list[Replica] | None = None
 
@@ -428,9 +434,32 @@ class Sim:
 
     # -- one step -------------------------------------------------------------------------------
 
+    def kill(self, plan: Iterable[tuple[int, int]]) -> None:
+        """Kill the operator at these steps from now, each for that many steps."""
+        for at, steps in plan:
+            self.kills[self.steps + at] = max(steps, self.kills.get(self.steps + at, 0))
+
     def step(self, dt: float = 1.0) -> None:
-        """One reconcile, then the controllers, the scheduler and the kubelets; checked after
-        each."""
+        """One reconcile (none while the operator is down), then the controllers, the scheduler
+        and the kubelets; checked after each."""
+        self.down = max(self.down, self.kills.pop(self.steps, 0))
+        if self.down > 0:
+            self.down -= 1
+            self.steps += 1
+            self.log.append(f"t={self.t - NOW:.0f}: the operator is down")
+            happened("the operator killed mid-run")
+        else:
+            self._reconcile()
+        self.fc.run_pods()
+        self.fc.place_groups()
+        self.fc.tick()
+        self.changed()
+        self.learn()
+        self.check_routers(deployments=False)
+        self.check_monitor("after the pods changed")
+        self.t += dt
+
+    def _reconcile(self) -> None:
         expected = self.counts()
         phase = self.phase
         decision = self.fc.reconcile(self.t)
@@ -447,14 +476,6 @@ class Sim:
         self.check_status(expected)
         self.check_routers(deployments=True)
         self.check_monitor("after the reconcile")
-        self.fc.run_pods()
-        self.fc.place_groups()
-        self.fc.tick()
-        self.changed()
-        self.learn()
-        self.check_routers(deployments=False)
-        self.check_monitor("after the pods changed")
-        self.t += dt
 
     def learn(self) -> None:
         for pod in self.fc.pods.values():
@@ -615,6 +636,15 @@ class Sim:
         }
         states = []
         for rev in sorted(revisions):
+            # What clients reach: the leaders that the revision's Ready router pods list.
+            routed = {
+                url
+                for p in self.fc.pods.values()
+                if labels(p).get(v.LABEL_ROLE) == "router"
+                and labels(p)[v.LABEL_REVISION] == rev
+                and pod_ready(p)
+                for _, url in listed(args_of(p))
+            }
             roles: dict[str, RoleState] = {}
             for role in ENGINE_ROLES:
                 mine = [r for r in found if r.revision == rev and r.role == role]
@@ -626,8 +656,15 @@ class Sim:
                     if dep
                     else 0
                 )
+                whole = [r for r in mine if r.whole_ready]
+                in_routing = [r for r in whole if url_of(self.fc.pods[r.name]) in routed]
                 roles[role] = RoleState(
-                    live, len(mine), sum(r.whole_ready and not r.leaving for r in mine)
+                    live,
+                    len(mine),
+                    sum(not r.leaving for r in whole),
+                    unlisted=sum(not r.leaving for r in whole)
+                    - sum(not r.leaving for r in in_routing),
+                    still_listed=sum(r.leaving for r in in_routing),
                 )
             router = deployments.get((rev, "router"))
             pods = [
@@ -782,6 +819,8 @@ failure_plans = st.lists(
 )
 failure_sets = st.booleans().flatmap(lambda on: failure_plans if on else st.just([]))
 """Half the examples inject failures (the rest are checked by the rollout invariants too)."""
+kill_plans = st.lists(st.tuples(st.integers(0, ROLL_STEPS - 1), st.integers(1, 3)), max_size=2)
+"""Operator kills during the roll: (step, steps down)."""
 scale_plans = st.lists(
     st.tuples(st.integers(0, ROLL_STEPS - 1), st.sampled_from(ENGINE_ROLES), replicas),
     max_size=3,
@@ -844,6 +883,7 @@ def roll_and_scale(
     change=st.sampled_from(["speculative", "image"]),
     scales=scale_plans,
     failures=failure_sets,
+    kills=kill_plans,
     seed=st.integers(0, 2**32 - 1),
 )
 def test_a_paired_rollout_of_groups_scaled_and_failing_keeps_every_check(
@@ -855,11 +895,13 @@ def test_a_paired_rollout_of_groups_scaled_and_failing_keeps_every_check(
     change: str,
     scales: list[tuple[int, EngineRole, int]],
     failures: list[tuple[int, str]],
+    kills: list[tuple[int, int]],
     seed: int,
 ) -> None:
     rng = random.Random(seed)
     sim = up(shapes, {"prefill": prefill, "decode": decode}, rollout, routers, rng, not failures)
     old = sim.revision
+    sim.kill(kills)
     roll_and_scale(sim, change, scales, failures)
     assert sim.revision != old
     sim.converge()
@@ -885,6 +927,7 @@ def canaries(draw: st.DrawFn) -> tuple[Rollout, int, int, int]:
     hold=st.integers(0, 12),
     scale=st.none() | st.tuples(st.sampled_from(ENGINE_ROLES), replicas),
     failures=failure_sets,
+    kills=kill_plans,
     seed=st.integers(0, 2**32 - 1),
 )
 def test_a_canary_of_groups_holds_then_is_promoted_keeping_every_check(
@@ -894,12 +937,14 @@ def test_a_canary_of_groups_holds_then_is_promoted_keeping_every_check(
     hold: int,
     scale: tuple[EngineRole, int] | None,
     failures: list[tuple[int, str]],
+    kills: list[tuple[int, int]],
     seed: int,
 ) -> None:
     rng = random.Random(seed)
     rollout, prefill, decode, percent = canary
     sim = up(shapes, {"prefill": prefill, "decode": decode}, rollout, routers, rng, not failures)
     old = sim.revision
+    sim.kill(kills)
 
     def canary_on(spec: Obj) -> None:
         spec["speculative"]["numSpeculativeTokens"] = 2
@@ -949,6 +994,7 @@ def test_a_canary_of_groups_holds_then_is_promoted_keeping_every_check(
         max_size=4,
     ),
     failures=failure_sets,
+    kills=kill_plans,
     seed=st.integers(0, 2**32 - 1),
 )
 def test_scaling_groups_up_and_down_with_failures_keeps_every_check(
@@ -959,10 +1005,12 @@ def test_scaling_groups_up_and_down_with_failures_keeps_every_check(
     routers: int,
     scales: list[tuple[int, EngineRole, int]],
     failures: list[tuple[int, str]],
+    kills: list[tuple[int, int]],
     seed: int,
 ) -> None:
     rng = random.Random(seed)
     sim = up(shapes, {"prefill": prefill, "decode": decode}, rollout, routers, rng, not failures)
+    sim.kill(kills)
     sim.play(scales, failures)
     sim.converge()
 

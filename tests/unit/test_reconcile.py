@@ -54,6 +54,9 @@ def pods_for(
                 "annotations": anns,
                 "uid": f"p{i}",
             },
+            # The template's spec, as the pod would carry it: a router pod's args say what it
+            # lists, and only what a Ready router pod lists is capacity.
+            "spec": copy.deepcopy(deployment["spec"]["template"]["spec"]),
             "status": {
                 "phase": "Running",
                 "podIP": f"192.0.2.{ip_base + i}",

@@ -6,9 +6,9 @@ feeds it every watch event of a real rollout (its snapshots go through `observe`
 
 1. a router lists only its own revision's engines (`foreign_routes`, over rendered routers);
 2. a revision takes traffic only with a ready prefill and a ready decode;
-3. pods a client can reach per role stay >= the floor (Ready, not leaving, in a revision whose
-   router Deployment has replicas and a Ready router pod: `RevisionState.reachable`), all pods
-   per role <= target + maxSurge;
+3. pods a client can reach per role stay >= the floor (Ready and listed by a Ready router pod of
+   a revision whose router Deployment has replicas: `planner.clients_reach`; a multi-node group
+   counts once, whole), all pods per role <= target + maxSurge;
 4. an old revision's engine pods start terminating only drainSeconds after its traffic stopped;
 5. on a superseded roll (A -> B -> C) the most established revision (A) serves longest;
 8. an engine pod starts terminating only once no router pod of its revision lists it (scale-down,
@@ -32,6 +32,7 @@ from pdmtp.core.planner import (
     RevisionState,
     Target,
     availability_floor,
+    clients_reach,
     establishment,
     reachable_ready,
 )
@@ -85,6 +86,8 @@ class InvariantMonitor:
         floor = availability_floor(target, self.policy)
         for role in v.ENGINE_ROLES:
             pods = sum(s.role(role).pods for s in states)
+            # Pods already leaving were given up under the previous target: the floor starts
+            # from what is listed without them.
             self.min_available[role] = min(floor[role], reachable_ready(states, role))
             self.max_pods[role] = max(target.replicas(role) + self.policy.max_surge, pods)
         olds = [s for s in states if s.revision != target.revision and s.serving]
@@ -149,7 +152,7 @@ class InvariantMonitor:
             self.superseded = False
         out = []
         for role in v.ENGINE_ROLES:
-            ready = reachable_ready(moment.states, role)
+            ready = clients_reach(moment.states, role)
             pods = sum(s.role(role).pods for s in moment.states)
             if ready < self.min_available[role]:
                 out.append(
@@ -203,14 +206,15 @@ class InvariantMonitor:
 
 
 def _per_revision(states: Iterable[RevisionState], role: EngineRole) -> str:
-    """Each revision's [pods, Ready, router replicas, Ready router pods], for a floor violation:
-    the router's replicas as its Deployment has them (a parked router's are 0)."""
+    """Each revision's [pods, Ready, listed by a Ready router pod, router replicas, Ready router
+    pods], for a floor violation: the router's replicas as its Deployment has them (a parked
+    router's are 0)."""
     counts = ", ".join(
-        f"{s.revision} [{s.role(role).pods}, {s.role(role).ready}, "
+        f"{s.revision} [{s.role(role).pods}, {s.role(role).ready}, {s.role(role).reached}, "
         f"{0 if s.router_parked else s.router.replicas}, {s.router.ready}]"
         for s in states
     )
-    return f"per revision [{role} pods, Ready, router replicas, Ready routers]: {counts}"
+    return f"per revision [{role} pods, Ready, listed, router replicas, Ready routers]: {counts}"
 
 
 def foreign_routes(

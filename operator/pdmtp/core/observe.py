@@ -176,12 +176,41 @@ def _parked(deployment: Obj) -> bool:
     return replicas == 0 and _parked_replicas(deployment) > 0
 
 
-def _role_state(deployment: Obj | None, pods: list[Obj]) -> RoleState:
+def _role_state(
+    deployment: Obj | None, pods: list[Obj], routed: frozenset[str] | None = None
+) -> RoleState:
+    """One (revision, role) as the planner counts it; for an engine role, `routed` holds the
+    engine URLs its revision's Ready router pods list (None for the router role itself)."""
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
     if deployment is not None and replicas == 0:
         # A parked router keeps the planner's intent (render.router_deployment).
         replicas = _parked_replicas(deployment)
-    return RoleState(replicas, len(pods), sum(serves(p) for p in pods))
+    ready = sum(serves(p) for p in pods)
+    if routed is None:
+        return RoleState(replicas, len(pods), ready)
+    listed = [p for p in pods if pod_ready(p) and _url_of(p) in routed]
+    return RoleState(
+        replicas,
+        len(pods),
+        ready,
+        unlisted=ready - sum(not is_leaving(p) for p in listed),
+        still_listed=sum(is_leaving(p) for p in listed),
+    )
+
+
+def _url_of(pod: Obj) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return engine_url(ip) if ip else None
+
+
+def routed_urls(router_pods: Iterable[Obj]) -> frozenset[str]:
+    """The engine URLs that the Ready router pods among `router_pods` list: what their clients
+    reach (a router pod that is not Ready, or is terminating, is out of its Service)."""
+    urls: set[str] = set()
+    for pod in router_pods:
+        if pod_ready(pod):
+            urls |= router_urls(_container_args(pod.get("spec") or {}))
+    return frozenset(urls)
 
 
 def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[RevisionState]:
@@ -208,8 +237,14 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
         ]
         router = by_workload.get((rev, "router"))
         drain = parse_time(annotations_of(router).get(v.ANNOTATION_DRAIN_UNTIL)) if router else None
+        routed = routed_urls(pods_of.get((rev, "router"), []))
         roles = {
-            r: _role_state(by_workload.get((rev, r)), pods_of.get((rev, r), [])) for r in v.ROLES
+            r: _role_state(
+                by_workload.get((rev, r)),
+                pods_of.get((rev, r), []),
+                routed if r in v.ENGINE_ROLES else None,
+            )
+            for r in v.ROLES
         }
         states.append(
             RevisionState(

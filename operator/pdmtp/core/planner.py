@@ -23,8 +23,9 @@ The invariants it keeps (docs/design.md, "Rollout invariants"):
 
 1. a revision's router pairs only that revision's pods (rendering; not decided here);
 2. a revision gets traffic (router replicas > 0) only with >= 1 ready prefill and decode;
-3. per role, ready pods a client can reach (`RevisionState.reachable`) stay >= target -
-   maxUnavailable, and all pods (terminating ones included) stay <= target + maxSurge;
+3. per role, ready pods a client can reach (listed by a Ready router pod of a
+   `RevisionState.reachable` revision) stay >= target - maxUnavailable, and all pods
+   (terminating ones included) stay <= target + maxSurge;
 4. an old revision loses its router before its last prefill or decode pod, and its pods stay
    for drainSeconds after that;
 5. when superseded (A -> B -> C), the newest old revision (B) is drained first and the oldest
@@ -44,8 +45,9 @@ maxUnavailable 0 (floor 2, ceiling 3), old revision A serving 2 ready pods:
 - t0: B does not exist. Step 1: A holds 2 pods, so B may have 3 - 2 = 1. B: 0 -> 1.
 - t1: B's pod is starting (1 pod, 0 ready). Nothing else may move: Progress, a wait.
 - t2: B's pod is ready and B's decode too, so step 4 routes B (router 0 -> 1).
-- t3: B serves 1 ready, A 2: 3 ready serving. Step 2: without A, 1 < floor 2, so A keeps its
-  router, but 3 - 2 = 1 pod is spare: A 2 -> 1. Once that pod is gone, step 1 lets B have 2.
+- t3: B's router pod is Ready and lists B's pod: B serves 1, A 2: 3 ready serving. Step 2:
+  without A, 1 < floor 2, so A keeps its router, but 3 - 2 = 1 pod is spare: A 2 -> 1. Once
+  that pod is gone, step 1 lets B have 2.
 - t5: B serves 2 ready = floor: A is un-routed, its drain starts; its pods stay drainSeconds.
 - t5 + drainSeconds: A is retired (Deployments deleted). Then Complete.
 
@@ -76,12 +78,29 @@ class RoleState:
     pods: int = 0
     """Pods that exist, terminating ones included: they still hold GPUs."""
     ready: int = 0
-    """Ready pods that are not terminating."""
+    """Ready pods that are neither terminating nor leaving routing."""
+    unlisted: int = 0
+    """Of `ready`, those no Ready router pod of the revision lists: its router has not rolled to
+    them yet, so no client reaches them."""
+    still_listed: int = 0
+    """Ready pods marked leaving that a Ready router pod of the revision still lists: clients
+    reach them until the router has rolled away from them."""
+
+    @property
+    def listed(self) -> int:
+        """Ready, not leaving, and listed by a Ready router pod: the capacity the planner counts
+        (a pod marked leaving is already spent, wherever it is still listed)."""
+        return self.ready - self.unlisted
+
+    @property
+    def reached(self) -> int:
+        """Ready pods a Ready router pod lists, leaving or not: what clients reach now."""
+        return self.listed + self.still_listed
 
     @property
     def settled(self) -> bool:
-        """Every wanted pod exists and is ready; none is on its way in or out."""
-        return self.pods == self.replicas == self.ready
+        """Every wanted pod exists, is ready and listed; none is on its way in or out."""
+        return self.pods == self.replicas == self.ready and not self.unlisted
 
 
 @dataclass(frozen=True)
@@ -113,7 +132,7 @@ class RevisionState:
     def reachable(self) -> bool:
         """Clients reach its engines, and will a moment from now: its router Deployment keeps
         replicas (not turned off for a drain, not parked) and a router pod is Ready. Only the
-        ready pods of reachable revisions count towards the availability floor (invariant 3):
+        listed pods of reachable revisions count towards the availability floor (invariant 3):
         a Ready router pod whose Deployment was scaled to zero is about to go."""
         return self.serving and self.router.replicas > 0 and not self.router_parked
 
@@ -219,8 +238,17 @@ def availability_floor(target: Target, policy: Policy) -> dict[EngineRole, int]:
 
 
 def reachable_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
-    """Ready pods of `role` a client can reach: what the availability floor counts."""
-    return sum(s.role(role).ready for s in states if s.reachable)
+    """Ready pods of `role`, not leaving, that a Ready router pod of a reachable revision lists:
+    what the planner holds at the availability floor. A pod Ready a moment ago is capacity only
+    once its router has rolled to list it (issue 40: an old revision retired while the new
+    router's pod that listed its last group was still starting left clients one group)."""
+    return sum(s.role(role).listed for s in states if s.reachable)
+
+
+def clients_reach(states: Iterable[RevisionState], role: EngineRole) -> int:
+    """Ready pods of `role` that a Ready router pod of a reachable revision lists, leaving ones
+    too: what clients reach now, the floor as the invariant checker judges it."""
+    return sum(s.role(role).reached for s in states if s.reachable)
 
 
 def canary_replicas(target: Target, percent: int) -> dict[EngineRole, int]:
@@ -480,7 +508,7 @@ def _step_old(
         # Never took traffic: nothing to drain, retire at once.
         return replace(keep, prefill=0, decode=0, router=0, delete=True), available
 
-    without = {r: available[r] - (old.role(r).ready if old.reachable else 0) for r in ENGINE_ROLES}
+    without = {r: available[r] - reachable_ready([old], r) for r in ENGINE_ROLES}
     if least is None and may_unroute and all(without[r] >= floor[r] for r in ENGINE_ROLES):
         # Everything else carries the floor: stop routing here and start the drain. Its pods
         # are left alone in this step; they go when the drain ends.

@@ -75,7 +75,8 @@ def available(states: Sequence[RevisionState], target: Target, policy: Policy) -
             "no revision has a ready router with a ready prefill and decode yet",
         )
     floor = availability_floor(target, policy)
-    ready = {r: sum(s.role(r).ready for s in serving) for r in v.ENGINE_ROLES}
+    # Capacity is what clients reach: a Ready pod its router does not list yet serves nothing.
+    ready = {r: sum(s.role(r).listed for s in serving) for r in v.ENGINE_ROLES}
     serves = f"serving {ready['prefill']} prefill and {ready['decode']} decode ready pods"
     if all(ready[r] >= max(1, floor[r]) for r in v.ENGINE_ROLES):
         return ConditionUpdate(
