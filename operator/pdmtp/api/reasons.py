@@ -142,7 +142,8 @@ INVALID_SPEC: Final = _reason(
 MINIMUM_REPLICAS_AVAILABLE: Final = _reason(
     AVAILABLE,
     "MinimumReplicasAvailable",
-    "Serving revisions have at least replicas - maxUnavailable ready pods per role.",
+    "Serving revisions have at least replicas - maxUnavailable ready pods per role that "
+    "their Ready routers list.",
 )
 MINIMUM_REPLICAS_UNAVAILABLE: Final = _reason(
     AVAILABLE,
