@@ -14,6 +14,7 @@ import heapq
 import itertools
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -174,6 +175,13 @@ class OperatorProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+    def restart(self, pause: tuple[float, float] = (0.5, 2.0)) -> None:
+        """Killed (SIGKILL) and started again after a random pause in `pause` (seconds): what
+        it then does, it decides from what it observes (invariant 6)."""
+        self.kill()
+        time.sleep(random.uniform(*pause))
+        self.start()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

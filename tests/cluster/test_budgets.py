@@ -97,6 +97,13 @@ def test_budgets_refuse_a_drain_beyond_the_allowance_and_never_hold_the_operator
     core.patch_node(node, {"spec": {"unschedulable": True}})
     try:
         assert evict(cluster, namespace, stranded.metadata.name) == 429
+        # The operator killed as the replacement starts: the move goes on from what it observes.
+        wait_for(
+            lambda: len(engine_pods(cluster, namespace, rev, "prefill")) > 2,
+            "a replacement for the cordoned node's prefill",
+            30,
+        )
+        operator.restart()
         wait_for(
             lambda: (
                 stranded.metadata.name

@@ -96,6 +96,10 @@ def test_an_engine_refusal_rolls_back_and_the_old_revision_keeps_its_floor(
     failed = compat_revision(b.build().spec)
     watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "back", b.dict()["spec"])
+    # The operator killed while the failing revision starts: the rollback decided after the
+    # restart comes from what it observes.
+    wait_for(lambda: f"back-{failed}-prefill" in deployments(cluster, namespace), "roll begun", 30)
+    operator.restart()
     aborted = progressing(cluster, namespace, "back", "RolloutAborted", 90)
     wait_for(
         lambda: not [n for n in deployments(cluster, namespace) if failed in n],
@@ -272,8 +276,11 @@ def test_a_canary_holds_at_its_share_until_promoted(
     first_line = waiting.stdout.splitlines()[0]
     assert first_line == f"Waiting for rollout of canary to finish: CanaryHold: {held['message']}"
     assert f"canary: revision {new}" in first_line and "50%" in first_line, first_line
+    operator.restart()  # killed during the hold: it holds again from what it observes
+    assert progressing(cluster, namespace, "canary", "CanaryHold", 30)
     done = cli(cluster, namespace, "promote", "canary")
     assert done.returncode == 0 and new in done.stdout, done.stderr
+    operator.restart()  # and killed again as the promoted roll moves on
     assert (
         cli(cluster, namespace, "status", "canary", "--timeout", "120", timeout=150).returncode == 0
     )
@@ -397,6 +404,7 @@ def test_scaling_mid_roll_applies_at_once_and_keeps_the_invariants(
     b.prefill(replicas=3).decode(replicas=1)
     watcher.expect(b.build().spec)
     patch_spec(cluster.api_client, namespace, "scale", b.dict()["spec"])
+    operator.restart()  # killed as the scale lands mid-roll
     obj = wait_settled(cluster.api_client, namespace, "scale", 150)
     watcher.stop()
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)

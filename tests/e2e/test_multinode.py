@@ -7,14 +7,17 @@ leaders only; the in-cluster load client counts every request.
 
 In order (the tests build on each other, in one namespace):
 1. one decode group serving: both pods bound at once to two workers, the PodGroup scheduled, the
-   worker joined from its own pod's address; then a paired MTP rollout of groups under load:
-   0 failed, 0 cross-revision, every group placed whole at every watch event;
+   worker joined from its own pod's address;
 2. scale 1 -> 2 decode groups under load: 0 failed;
-3. a worker pod deleted (gracefully) under load: its group leaves the router while its leader
+3. a paired MTP rollout of the 2 groups under load: 0 failed, 0 cross-revision, every group
+   placed whole at every watch event, and the rollout invariants checked at every watch event
+   (the core's checker, fed by the cluster tier's watcher): the groups that Ready router pods
+   list, read from those pods' own args, never fewer than the floor (issue 40);
+4. a worker pod deleted (gracefully) under load: its group leaves the router while its leader
    still answers, is replaced whole, and serves again: 0 failed;
-4. a worker pod killed (no grace: a crash cannot be drained): the failed requests and the
+5. a worker pod killed (no grace: a crash cannot be drained): the failed requests and the
    seconds to recovery are reported, and 0 fail after recovery;
-5. scale 2 -> 1 decode groups under load: 0 failed.
+6. scale 2 -> 1 decode groups under load: 0 failed.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from typing import Any
 import pytest
 from builders import pdd
 from cluster.gangwatch import SCHEDULED_CONDITION, GangWatch
+from cluster.operator_harness import RolloutWatcher
 from e2e.kindkit import Figures, Kind, LoadRun, patch_pdd, serving, wait_for
 from kubernetes import config as kube_config
+from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import (
     LABEL_GROUP,
     LABEL_GROUP_RANK,
@@ -36,6 +41,8 @@ from pdmtp.api.vocabulary import (
     LABEL_REVISION,
     LABEL_ROLE,
 )
+from pdmtp.core.agreement import check
+from pdmtp.core.revision import target_and_policy
 
 NAME = "wide"
 record = Figures("PDMTP_E2E_MULTINODE_RESULT").record
@@ -147,61 +154,86 @@ def assert_placed_whole(kind: Kind, namespace: str) -> dict[str, list[str]]:
     return nodes
 
 
-def test_1_a_group_on_two_nodes_rolls_paired_under_load(
-    kind: Kind, namespace: str, api: Any
-) -> None:
+def test_1_a_group_on_two_nodes_is_placed_whole(kind: Kind, namespace: str) -> None:
     started = time.monotonic()
     kind.apply(spec_for(kind, 3, 1), namespace)
     wait_settled(kind, namespace, 1)
-    first = assert_placed_whole(kind, namespace)
-    revision = kind.pdd(namespace, NAME)["status"]["currentRevision"]
-    serving_seconds = round(time.monotonic() - started, 1)
-
+    nodes = assert_placed_whole(kind, namespace)
+    record(
+        "a 2-node decode group created",
+        {"seconds_to_serving": round(time.monotonic() - started, 1), "nodes": nodes},
+    )
     # The scheduler reports the gang: both members bound by the one placement it allowed.
     events = kind.get("events", "-n", namespace, "--field-selector", "reason=Scheduled")["items"]
     scheduled = {e["involvedObject"]["name"] for e in events}
     members = next(iter(groups_of(engine_pods(kind, namespace, "decode")).values()))
     assert {p["metadata"]["name"] for p in members} <= scheduled, scheduled
 
+
+def test_2_scale_out_by_a_group_under_load(kind: Kind, namespace: str) -> None:
+    scale_under_load(kind, namespace, 2, "scale 1 -> 2 decode groups under load")
+
+
+def test_3_two_groups_roll_paired_under_load_keeping_the_floor_clients_reach(
+    kind: Kind, namespace: str, api: Any
+) -> None:
+    """Issue 40's deployment: 2 decode groups of 2 pods, maxUnavailable 0, a paired roll (k 3 ->
+    2). Before the fix, on the local control plane, the Ready router pods listed 1 of the 2
+    groups for about a second while the old revision's router went."""
+    revision = kind.pdd(namespace, NAME)["status"]["currentRevision"]
+    before = assert_placed_whole(kind, namespace)
+    old_spec = PDDeployment.model_validate(spec_for(kind, 3, 2)).spec
+    new_spec = PDDeployment.model_validate(spec_for(kind, 2, 2)).spec
+    watcher = RolloutWatcher(api, namespace, NAME, target_and_policy(check(old_spec))[1])
+    watcher.start(old_spec)
     selector = f"{LABEL_NAME}={NAME},{LABEL_ROLE}=decode"
-    with GangWatch(api, namespace, selector, podgroup_version=None) as gangs:
-        run = LoadRun.start(kind, namespace, NAME, max_requests=20_000, max_seconds=300)
-        run.wait_sending()
-        rolled = time.monotonic()
-        patch(kind, namespace, {"spec": {"speculative": {"numSpeculativeTokens": 2}}})
-        wait_for(
-            lambda: (
-                kind.pdd(namespace, NAME)["status"].get("currentRevision") != revision
-                and settled_at(kind, namespace, 1)
-            ),
-            "the paired rollout to a new revision",
-            300,
-        )
-        roll_seconds = round(time.monotonic() - rolled, 1)
-        run.wait_answers()  # on the new revision alone
-        run.stop()
-        summary = run.summary()
-        bound = placements(gangs)
+    try:
+        with GangWatch(api, namespace, selector, podgroup_version=None) as gangs:
+            run = LoadRun.start(kind, namespace, NAME, max_requests=20_000, max_seconds=300)
+            run.wait_sending()
+            rolled = time.monotonic()
+            watcher.expect(new_spec)
+            patch(kind, namespace, {"spec": {"speculative": {"numSpeculativeTokens": 2}}})
+            wait_for(
+                lambda: (
+                    kind.pdd(namespace, NAME)["status"].get("currentRevision") != revision
+                    and settled_at(kind, namespace, 2)
+                ),
+                "the paired rollout to a new revision",
+                300,
+            )
+            roll_seconds = round(time.monotonic() - rolled, 1)
+            run.wait_answers()  # on the new revision alone
+            run.stop()
+            summary = run.summary()
+            bound = placements(gangs)
+    finally:
+        watcher.stop()
     new_revision = kind.pdd(namespace, NAME)["status"]["currentRevision"]
-    second = assert_placed_whole(kind, namespace)
+    after = assert_placed_whole(kind, namespace)
     state["revision"] = new_revision
     record(
-        "paired MTP rollout of a 2-node decode group under load",
+        "paired MTP rollout of 2 decode groups of 2 pods under load",
         {
-            "seconds_to_serving": serving_seconds,
             "rollout_seconds": roll_seconds,
             "requests_sent": summary["sent"],
             "requests_failed": summary["failed"],
             "cross_revision": summary["cross_revision"],
             "pairs": summary["pairs"],
-            "nodes_before": first,
-            "nodes_after": second,
+            "fewest_groups_listed_by_ready_routers": watcher.monitor.lowest_reach,
+            "watch_events_checked": watcher.events_seen,
+            "invariant_violations": len(watcher.violations),
+            "nodes_before": before,
+            "nodes_after": after,
             "seconds_between_a_groups_bindings": bound,
         },
     )
+    # The floor as clients reach it (maxUnavailable 0: both groups, the prefill) at every event.
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+    assert watcher.monitor.lowest_reach == {"prefill": 1, "decode": 2}, watcher.monitor.lowest_reach
     # Every group the watch saw placed was placed whole: both members bound by one placement (a
     # gang binds its members with one API call each, a moment apart).
-    assert len(bound) >= 2 and all(s <= PLACEMENT_SECONDS for s in bound.values()), (
+    assert len(bound) >= 4 and all(s <= PLACEMENT_SECONDS for s in bound.values()), (
         bound,
         gangs.report(),
     )
@@ -249,10 +281,6 @@ def scale_under_load(kind: Kind, namespace: str, groups: int, key: str) -> None:
     assert (summary["failed"], summary["cross_revision"]) == (0, 0), summary
 
 
-def test_2_scale_out_by_a_group_under_load(kind: Kind, namespace: str) -> None:
-    scale_under_load(kind, namespace, 2, "scale 1 -> 2 decode groups under load")
-
-
 def worker_of_a_group(kind: Kind, namespace: str) -> tuple[str, str]:
     """(group key, the name of its rank-1 pod) of the first decode group."""
     groups = groups_of(engine_pods(kind, namespace, "decode"))
@@ -297,7 +325,7 @@ def lose_a_worker(kind: Kind, namespace: str, *, crash: bool) -> dict[str, Any]:
     }
 
 
-def test_3_a_deleted_worker_leaves_the_router_first_and_its_group_is_replaced(
+def test_4_a_deleted_worker_leaves_the_router_first_and_its_group_is_replaced(
     kind: Kind, namespace: str
 ) -> None:
     figures = lose_a_worker(kind, namespace, crash=False)
@@ -307,7 +335,7 @@ def test_3_a_deleted_worker_leaves_the_router_first_and_its_group_is_replaced(
     assert figures["after_recovery"]["failed"] == 0, figures
 
 
-def test_4_a_crashed_worker_is_counted_and_its_group_recovers(kind: Kind, namespace: str) -> None:
+def test_5_a_crashed_worker_is_counted_and_its_group_recovers(kind: Kind, namespace: str) -> None:
     figures = lose_a_worker(kind, namespace, crash=True)
     record("worker pod killed (no grace) under load, 2 decode groups", figures)
     # A crash cannot be drained: what failed is reported, not asserted away; what follows
@@ -317,5 +345,5 @@ def test_4_a_crashed_worker_is_counted_and_its_group_recovers(kind: Kind, namesp
     assert figures["requests_failed"] == figures["failed_by_recovery"], figures
 
 
-def test_5_scale_in_by_a_group_under_load(kind: Kind, namespace: str) -> None:
+def test_6_scale_in_by_a_group_under_load(kind: Kind, namespace: str) -> None:
     scale_under_load(kind, namespace, 1, "scale 2 -> 1 decode groups under load")

@@ -76,6 +76,8 @@ class InvariantMonitor:
     ever_served: set[str] = field(default_factory=set)
     seen_terminating: set[str] = field(default_factory=set)
     seen_leaving_routes: set[str] = field(default_factory=set)
+    lowest_reach: dict[EngineRole, int] = field(default_factory=dict)
+    """Per role, the fewest pods a client could reach at any moment checked (a figure)."""
     anchor: str | None = None
     """The most established serving old revision when the roll started (invariant 5)."""
     superseded: bool = False
@@ -153,6 +155,7 @@ class InvariantMonitor:
         out = []
         for role in v.ENGINE_ROLES:
             ready = clients_reach(moment.states, role)
+            self.lowest_reach[role] = min(ready, self.lowest_reach.get(role, ready))
             pods = sum(s.role(role).pods for s in moment.states)
             if ready < self.min_available[role]:
                 out.append(
