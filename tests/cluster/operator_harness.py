@@ -371,7 +371,9 @@ class RolloutWatcher:
     forgive_surplus: bool = False
     """Leave out live pods beyond their Deployment's replicas (newest first). An API server
     that dies mid-create loses the answer, and the ReplicaSet controller makes the pod again:
-    one too many, deleted soon after. Kubernetes' doing, not a decision of the operator's."""
+    one too many, deleted soon after. Kubernetes' doing, not a decision of the operator's.
+    Engine roles only: a router Deployment rolls its own pods when its listing changes, and the
+    surge pod it starts is real (clients reach what it lists), so every router pod counts."""
     monitor: InvariantMonitor = field(init=False)
     _surplus: set[str] = field(default_factory=set)
     """Pods left out as a surplus at some point."""
@@ -543,7 +545,7 @@ class RolloutWatcher:
             labels = labels_of(p)
             role = cast(Role, labels.get(v.LABEL_ROLE))
             workload = names.workload(self.name, labels.get(v.LABEL_REVISION, ""), role)
-            if workload in wanted:
+            if workload in wanted and role in v.ENGINE_ROLES:
                 if is_terminating(p):
                     if name_of(p) in self._surplus and name_of(p) not in self._counted:
                         continue
