@@ -157,18 +157,19 @@ images: ## Build the operator, router and engine images with podman on local bas
 test-images: venv images cluster-bins ## Images tier: each image run as its pod would, podman, no registry
 	$(PY) -m pytest tests/images -q -p no:cacheprovider
 
-# The engine and CPU P/D tiers compute (vLLM on CPU); the cluster and images tiers mostly wait on
-# controllers and podman, leaving a core idle. hack/beside.sh runs the computing ones niced
-# beside the waiting ones, so they take only what those leave.
-.PHONY: test-beside
-test-beside: venv ## The engine and CPU P/D tiers (niced) beside the cluster and images tiers
-	hack/beside.sh '$(MAKE) test-engine test-pd-cpu' $(MAKE) test-cluster test-images
+# The cluster and images tiers wait on controllers and podman, kind on its nodes' pods: each leaves
+# most of a core idle, so they run side by side; the engine and CPU P/D tiers compute (vLLM on
+# CPU) and run niced beside them, taking only what those leave (hack/lanes.sh).
+.PHONY: test-lanes
+test-lanes: venv ## The cluster + images tiers beside kind, and the engine + CPU P/D tiers niced
+	hack/lanes.sh cluster '$(MAKE) test-cluster test-images' kind '$(MAKE) kind-e2e' \
+	  --niced engines '$(MAKE) test-engine test-pd-cpu'
 
 # hack/with-prebuild.sh warms the build caches (images, kind, KEDA) in the background, niced,
 # while the first tiers run; each build is locked, so a tier that needs one waits for it.
 .PHONY: test
 test: ## Every tier CI runs (cold builds overlap the first tiers: hack/prebuild.sh)
-	hack/with-prebuild.sh $(MAKE) lint test-unit test-router test-beside kind-e2e test-keda
+	hack/with-prebuild.sh $(MAKE) lint test-unit test-router test-lanes test-keda
 
 # kind on podman with a node image built here (hack/kind/); KIND_E2E_RUNTIME=docker uses Docker,
 # the upstream bases and kindest/node instead. KIND_E2E_ARGS e.g. --keep, --no-cluster-tier.

@@ -41,7 +41,9 @@
 #        PDMTP_PREVIOUS_RELEASE_COMMIT (upgrade from this commit instead of versions.env's pin)
 #        PDMTP_E2E_UPGRADE_RESULT (upgrade and uninstall figures, JSON)
 #   With --keep, $WORK/e2e.env (printed at the end) exports what tests/e2e needs, so
-#   `source` it and run pytest against the kept cluster.
+#   `source` it and run pytest against the kept cluster. Each pytest session here keeps its
+#   basetemp under $WORK: `make test` runs this beside the cluster tier, whose session rotates the
+#   shared one (keeping three) and would delete these sessions' files while they run.
 #
 # Network rule: the test process talks to the API server on 127.0.0.1 only; requests run in pods
 # inside the nodes; CoreDNS has no upstream; containerd's registries point at a closed loopback
@@ -371,6 +373,7 @@ PY
   # scale, the webhook) runs locally only.
   # A red cluster tier still lets tests/e2e run (the exit code reports both at the end).
   "$PY" -m pytest "${KIND_CLUSTER_TESTS[@]}" -q -m cluster -p no:cacheprovider --durations=8 \
+    --basetemp "$WORK/pytest-cluster" \
     || CLUSTER_TIER_RC=$?
 
   step "Back to the real nodes: the tier's namespaces, fake nodes and KWOK gone"
@@ -421,10 +424,12 @@ E2E_RC=0
 NEEDS_ENGINE=tests/e2e/test_pd_lifecycle.py
 if ((${#PYTEST_ARGS[@]} == 0)); then
   step "tests/e2e against kind (all but $NEEDS_ENGINE, the engine image still loading)"
-  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA --durations=12 --ignore "$NEEDS_ENGINE" || E2E_RC=$?
+  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA --durations=12 --ignore "$NEEDS_ENGINE" \
+    --basetemp "$WORK/pytest-e2e" || E2E_RC=$?
   wait_engine_image
   step "tests/e2e against kind: $NEEDS_ENGINE"
-  "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA --durations=12 || E2E_RC=$?
+  "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA --durations=12 \
+    --basetemp "$WORK/pytest-engine" || E2E_RC=$?
 else
   # Only a run that may select the engine's file waits for its image.
   for arg in "${PYTEST_ARGS[@]}"; do
@@ -439,7 +444,8 @@ else
     if [[ $arg == tests/* ]]; then selected=() && break; fi
   done
   step "tests/e2e against kind"
-  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA --durations=12 "${PYTEST_ARGS[@]}" || E2E_RC=$?
+  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA --durations=12 \
+    --basetemp "$WORK/pytest-e2e" "${PYTEST_ARGS[@]}" || E2E_RC=$?
 fi
 if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
 if [[ -s $PDMTP_E2E_UPGRADE_RESULT ]]; then echo "upgrade figures: $(tr -d '\n ' <"$PDMTP_E2E_UPGRADE_RESULT")"; fi

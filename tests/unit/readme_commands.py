@@ -229,12 +229,13 @@ REGISTRY: dict[str, Entry] = {
         )
     ),
     "make test-images": _tier("test-images", "the images tier"),
-    "make test-beside": _tier(
-        "test-beside", "the engine and CPU P/D tiers beside the cluster and images tiers"
+    "make test-lanes": _tier(
+        "test-lanes",
+        "the cluster and images tiers beside kind, the engine and CPU P/D tiers niced beside both",
     ),
-    "hack/beside.sh": ByMake(
-        "`make test-beside` runs it, with the engine and CPU P/D tiers in the background",
-        ("Makefile", "test-beside"),
+    "hack/lanes.sh": ByMake(
+        "`make test-lanes` runs it: three lanes, the engine and CPU P/D tiers niced",
+        ("Makefile", "test-lanes"),
     ),
     "make kind-e2e": _tier("kind-e2e", "the kind tier"),
     "make test-keda": _tier("test-keda", "the KEDA test, last"),

@@ -74,8 +74,8 @@ def test_every_registered_test_exists() -> None:
 
 
 def make_test_targets() -> set[str]:
-    """The targets `make test` runs: its recipe's `$(MAKE)` targets, theirs in turn (test-beside
-    runs two lanes of them), and the prerequisites of each."""
+    """The targets `make test` runs: its recipe's `$(MAKE)` targets, theirs in turn (test-lanes
+    runs three lanes of them), and the prerequisites of each."""
     lines = (REPO / "Makefile").read_text(encoding="utf-8").splitlines()
     rules: dict[str, list[str]] = {}
     recipes: dict[str, list[str]] = {}
