@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, ROLES
 from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, plan
+from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, plan, steady_listing
 from pdmtp.core.removal import EnginePod, Removal, RouterPod, gate, listed_urls
 
 _pod_names = itertools.count()
@@ -49,9 +49,12 @@ class SimWorkload:
     def active(self) -> list[SimPod]:
         return [p for p in self.pods if p.terminating_for is None]
 
-    def observe(self, routed: frozenset[str] | None = None) -> RoleState:
+    def observe(
+        self, routed: frozenset[str] | None = None, steady: frozenset[str] = frozenset()
+    ) -> RoleState:
         """As `observe.revision_states` counts it; an engine role's `routed` are the engines its
-        revision's Ready router pods list (None for the router role)."""
+        revision's Ready router pods list (None for the router role), `steady` those its router
+        keeps listed through its own rollout."""
         serving = [p for p in self.active() if p.ready and not p.leaving]
         if routed is None:
             return RoleState(self.replicas, len(self.pods), len(serving))
@@ -61,7 +64,13 @@ class SimWorkload:
             len(serving),
             unlisted=sum(p.name not in routed for p in serving),
             still_listed=sum(p.ready and p.leaving and p.name in routed for p in self.active()),
+            dropping=sum(p.name in routed and p.name not in steady for p in serving),
         )
+
+    def steady(self) -> frozenset[str]:
+        """A router workload's engines that stay listed through its own rollout."""
+        ready = [p.lists for p in self.active() if p.ready]
+        return steady_listing(ready, self.lists, self.replicas)
 
     def routed(self) -> frozenset[str]:
         """A router workload's Ready pods' engines: what its clients reach."""
@@ -83,8 +92,8 @@ class SimRevision:
         routed = w["router"].routed()
         return RevisionState(
             self.revision,
-            w["prefill"].observe(routed),
-            w["decode"].observe(routed),
+            w["prefill"].observe(routed, w["router"].steady()),
+            w["decode"].observe(routed, w["router"].steady()),
             w["router"].observe(),
             None if self.deleted else self.drain_until,
             self.created,

@@ -19,7 +19,7 @@ from typing import Any, Protocol, get_args
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import WaitReason
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.planner import RevisionState, RoleState
+from pdmtp.core.planner import RevisionState, RoleState, steady_listing
 from pdmtp.core.removal import EnginePod, RouterPod, Waiting, listed_urls
 
 Obj = Mapping[str, Any]
@@ -177,10 +177,15 @@ def _parked(deployment: Obj) -> bool:
 
 
 def _role_state(
-    deployment: Obj | None, pods: list[Obj], routed: frozenset[str] | None = None
+    deployment: Obj | None,
+    pods: list[Obj],
+    routed: frozenset[str] | None = None,
+    steady: frozenset[str] | None = None,
 ) -> RoleState:
     """One (revision, role) as the planner counts it; for an engine role, `routed` holds the
-    engine URLs its revision's Ready router pods list (None for the router role itself)."""
+    engine URLs its revision's Ready router pods list (None for the router role itself) and
+    `steady` those its router keeps listed through its own rollout (None: no router
+    Deployment; `planner.steady_listing`)."""
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
     if deployment is not None and replicas == 0:
         # A parked router keeps the planner's intent (render.router_deployment).
@@ -189,12 +194,14 @@ def _role_state(
     if routed is None:
         return RoleState(replicas, len(pods), ready)
     listed = [p for p in pods if pod_ready(p) and _url_of(p) in routed]
+    staying = [p for p in listed if not is_leaving(p)]
     return RoleState(
         replicas,
         len(pods),
         ready,
-        unlisted=ready - sum(not is_leaving(p) for p in listed),
-        still_listed=sum(is_leaving(p) for p in listed),
+        unlisted=ready - len(staying),
+        still_listed=len(listed) - len(staying),
+        dropping=0 if steady is None else sum(_url_of(p) not in steady for p in staying),
     )
 
 
@@ -211,6 +218,21 @@ def routed_urls(router_pods: Iterable[Obj]) -> frozenset[str]:
         if pod_ready(pod):
             urls |= router_urls(_container_args(pod.get("spec") or {}))
     return frozenset(urls)
+
+
+def _steady_urls(router: Obj | None, router_pods: list[Obj]) -> frozenset[str] | None:
+    """The engine URLs `router` keeps listed through its own rollout (`steady_listing`)."""
+    if router is None:
+        return None
+    spec = router.get("spec") or {}
+    template = router_urls(_container_args((spec.get("template") or {}).get("spec") or {}))
+    replicas = int(spec.get("replicas") or 0) or _parked_replicas(router)
+    ready = [
+        router_urls(_container_args(p.get("spec") or {}))
+        for p in router_pods
+        if pod_ready(p) and not is_terminating(p)
+    ]
+    return steady_listing(ready, template, replicas)
 
 
 def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[RevisionState]:
@@ -238,11 +260,13 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
         router = by_workload.get((rev, "router"))
         drain = parse_time(annotations_of(router).get(v.ANNOTATION_DRAIN_UNTIL)) if router else None
         routed = routed_urls(pods_of.get((rev, "router"), []))
+        steady = _steady_urls(router, pods_of.get((rev, "router"), []))
         roles = {
             r: _role_state(
                 by_workload.get((rev, r)),
                 pods_of.get((rev, r), []),
                 routed if r in v.ENGINE_ROLES else None,
+                steady,
             )
             for r in v.ROLES
         }

@@ -85,12 +85,22 @@ class RoleState:
     still_listed: int = 0
     """Ready pods marked leaving that a Ready router pod of the revision still lists: clients
     reach them until the router has rolled away from them."""
+    dropping: int = 0
+    """Of the listed, those the router Deployment's own rollout may take from clients
+    (`steady_listing`): its template no longer lists them, or only router pods that the rollout
+    may remove first do (a revision rolled away, then back)."""
 
     @property
     def listed(self) -> int:
         """Ready, not leaving, and listed by a Ready router pod: the capacity the planner counts
         (a pod marked leaving is already spent, wherever it is still listed)."""
         return self.ready - self.unlisted
+
+    @property
+    def kept(self) -> int:
+        """Listed now and by the router's template: capacity that stays listed while the router
+        rolls, what the planner counts toward the floor."""
+        return self.listed - self.dropping
 
     @property
     def reached(self) -> int:
@@ -101,6 +111,27 @@ class RoleState:
     def settled(self) -> bool:
         """Every wanted pod exists, is ready and listed; none is on its way in or out."""
         return self.pods == self.replicas == self.ready and not self.unlisted
+
+
+def steady_listing(
+    ready_listings: Iterable[frozenset[str]], template: frozenset[str], replicas: int
+) -> frozenset[str]:
+    """The engines a router Deployment keeps listed through its own rollout, given what each of
+    its Ready pods lists, what its template lists, and its replicas.
+
+    The rollout keeps `replicas` pods Ready (maxUnavailable 0) but removes old-template pods,
+    oldest ReplicaSet first, before a new one is Ready whenever it holds a surplus. So an engine
+    stays listed if the template lists it and a Ready pod of the template does (the rollout never
+    removes those), or if a Ready pod lists it and fewer than `replicas` leave it out (any
+    `replicas` of them that survive include one that lists it)."""
+    listings = list(ready_listings)
+    if template in listings:
+        return template
+    return frozenset(
+        e
+        for e in template
+        if any(e in one for one in listings) and sum(e not in one for one in listings) < replicas
+    )
 
 
 @dataclass(frozen=True)
@@ -241,8 +272,9 @@ def reachable_ready(states: Iterable[RevisionState], role: EngineRole) -> int:
     """Ready pods of `role`, not leaving, that a Ready router pod of a reachable revision lists:
     what the planner holds at the availability floor. A pod Ready a moment ago is capacity only
     once its router has rolled to list it (issue 40: an old revision retired while the new
-    router's pod that listed its last group was still starting left clients one group)."""
-    return sum(s.role(role).listed for s in states if s.reachable)
+    router's pod that listed its last group was still starting left clients one group), and
+    only while the router's template still lists it (`RoleState.kept`)."""
+    return sum(s.role(role).kept for s in states if s.reachable)
 
 
 def clients_reach(states: Iterable[RevisionState], role: EngineRole) -> int:
