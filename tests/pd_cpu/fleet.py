@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loopback import free_ports
-from processes import Engine, ManagedProcess, Router, http, start_engine
+from processes import Engine, ManagedProcess, Router, http, metric_by, start_engine
 from wiring import EngineWiring, router_wiring
 
 
@@ -232,3 +232,29 @@ def transfer_durations_ms(prefill: Engine) -> list[float]:
     """Every KV push the prefill's Mooncake worker logged, in milliseconds."""
     text = prefill.process.log_path.read_text(errors="replace")
     return [round(float(match) * 1000, 3) for match in _SENT.findall(text)]
+
+
+HANDOFF_SERIES = (
+    # The fixed connector's hand-off counts (pdmtp_engine.handoff), on the decode.
+    "pdmtp:kv_pulled_requests_total",
+    "pdmtp:kv_pulled_tokens_total",
+    "pdmtp:kv_backoff_tokens_total",
+    "pdmtp:kv_decode_only_requests_total",
+    # vLLM's own: failed receives (Mooncake) and MTP drafting.
+    "vllm:mooncake_num_failed_recvs_total",
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+)
+
+
+def handoff_counts(engine: Engine) -> dict[str, float]:
+    """HANDOFF_SERIES as `engine` exports them (summed over ranks); absent ones left out."""
+    samples = engine.metrics()
+    return {
+        name: sum(found.values()) for name in HANDOFF_SERIES if (found := metric_by(samples, name))
+    }
+
+
+def counts_since(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}

@@ -17,6 +17,8 @@ from fleet import (
     Figures,
     Fleet,
     Served,
+    counts_since,
+    handoff_counts,
     serve_all,
     start_router,
     transfer_durations_ms,
@@ -33,6 +35,8 @@ class PairRun:
     served: list[Served]
     launcher_lines: dict[str, list[str]]
     transfers_ms: list[float]
+    handoff: dict[str, float]
+    """The decode's hand-off and drafting counters over the run (fleet.HANDOFF_SERIES)."""
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"k{k}")
@@ -52,7 +56,9 @@ def pair_run(
     prefill, decode = fleet.acquire(launches)
     router = start_router(wiring["prefill"], wiring["decode"], workdir, f"router-k{k}")
     try:
+        before = handoff_counts(decode)
         served = serve_all(router.url, model, prompts, MAX_TOKENS, prefill=prefill, decode=decode)
+        handoff = counts_since(handoff_counts(decode), before)
         for launch, engine in zip(launches, (prefill, decode), strict=True):
             figures.note_rss(launch.name, engine)
     finally:
@@ -61,6 +67,7 @@ def pair_run(
     transfers = transfer_durations_ms(prefill)
     figures.request_seconds[f"pd-k{k}"] = [round(s.completion.seconds, 3) for s in served]
     figures.transfer_ms[f"pd-k{k}"] = transfers
+    figures.notes.setdefault("handoff", {})[f"k{k}"] = handoff
     figures.notes.setdefault("substitutions", {})[f"k{k}"] = {
         role: list(wiring[role].substituted) for role in wiring
     }
@@ -78,6 +85,7 @@ def pair_run(
             for role, engine in (("prefill", prefill), ("decode", decode))
         },
         transfers_ms=transfers,
+        handoff=handoff,
     )
 
 
@@ -126,3 +134,24 @@ def test_prefill_computes_all_but_the_backoff_and_decode_recomputes_it(
 
 def test_every_request_pushed_its_kv_over_mooncake(pair_run: PairRun) -> None:
     assert len(pair_run.transfers_ms) == len(pair_run.served)
+
+
+def test_the_decode_exports_the_hand_off_it_made(pair_run: PairRun) -> None:
+    """The connector's counters agree with the per-request accounting above: every request
+    pulled N - backoff tokens and recomputed the backoff, none fell back to decode-only, no
+    receive failed; and the decode drafted (vLLM's spec-decode counters)."""
+    prompt_lens = [len(one.prompt.token_ids) for one in pair_run.served]
+    handoff = pair_run.handoff
+    assert handoff["pdmtp:kv_pulled_requests_total"] == len(prompt_lens), handoff
+    assert handoff["pdmtp:kv_pulled_tokens_total"] == sum(prompt_lens) - len(prompt_lens) * (
+        pair_run.backoff
+    ), handoff
+    assert handoff["pdmtp:kv_backoff_tokens_total"] == len(prompt_lens) * pair_run.backoff
+    assert handoff["pdmtp:kv_decode_only_requests_total"] == 0, handoff
+    assert handoff.get("vllm:mooncake_num_failed_recvs_total", 0) == 0, handoff
+    assert handoff["vllm:spec_decode_num_drafts_total"] > 0, handoff
+    assert (
+        0
+        <= handoff["vllm:spec_decode_num_accepted_tokens_total"]
+        <= (handoff["vllm:spec_decode_num_draft_tokens_total"])
+    ), handoff

@@ -9,6 +9,10 @@ prompt, the rule vLLM's NIXL connector applies (`_prefill_backoff` in its schedu
 - decode (kv_consumer) pulls `prompt_len - backoff` tokens and recomputes the rest;
 - prefill (kv_producer) drops the same trailing tokens before the prefix-cache lookup, once.
 
+The decode's scheduler half also counts the hand-off (requests and tokens pulled, tokens
+recomputed for the backoff, decode-only requests) into vLLM's connector stats, which vLLM's API
+server exports (`pdmtp_engine.handoff`).
+
 Load it with `--kv-transfer-config '{"kv_connector": "BackoffMooncakeConnector",
 "kv_connector_module_path": "pdmtp_engine.connector", ...}'`. The worker side is vLLM's own.
 
@@ -24,14 +28,27 @@ from typing import TYPE_CHECKING, Any, Final
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector import (
     MooncakeConnector,
     MooncakeConnectorScheduler,
+    MooncakeConnectorWorker,
 )
 from vllm.v1.request import Request
 
+from pdmtp_engine.handoff import HandoffPromMetrics, HandoffStats
+
 if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.kv_cache_interface import KVCacheConfig
+
+REMOTE_PREFILL_KEYS: Final = ("remote_engine_id", "remote_bootstrap_addr", "transfer_id")
+"""The kv_transfer_params a decode needs to pull; without them vLLM computes the prompt itself."""
 
 TRUNCATED_MARKER: Final = "_p_side_truncated"
 """kv_transfer_params key marking a prefill request already truncated. It is the key vLLM's
@@ -125,6 +142,26 @@ def check_vllm_compatibility() -> None:
         "MooncakeConnectorScheduler.on_new_request does more than the Mamba truncation "
         f"(it references {sorted(stock_on_new_request_names)})",
     )
+    # The hand-off counts: vLLM merges the scheduler half's stats into the workers' payload
+    # (`aggregate`) and rebuilds them in the API server with the connector's own classes.
+    _require(
+        _parameter_names(MooncakeConnectorScheduler, "update_state_after_alloc")
+        == ["self", "request", "blocks", "num_external_tokens"]
+        and _references(
+            MooncakeConnectorScheduler,
+            "update_state_after_alloc",
+            ["kv_transfer_params", "_reqs_need_recv"],
+        ),
+        "MooncakeConnectorScheduler.update_state_after_alloc is not "
+        "(request, blocks, num_external_tokens) starting remote prefills",
+    )
+    _require(
+        _references(MooncakeConnectorWorker, "__init__", ["MooncakeKVConnectorStats", "xfer_stats"])
+        and _references(MooncakeConnectorWorker, "get_kv_connector_stats", ["xfer_stats"]),
+        "MooncakeConnectorWorker keeps no MooncakeKVConnectorStats in xfer_stats",
+    )
+    for hook in ("get_kv_connector_stats", "build_kv_connector_stats", "build_prom_metrics"):
+        _method(MooncakeConnector, hook)
     _require(
         isinstance(getattr(VllmConfig, "num_prefill_lookahead_tokens", None), property),
         "has no VllmConfig.num_prefill_lookahead_tokens property",
@@ -169,6 +206,7 @@ class BackoffMooncakeConnectorScheduler(MooncakeConnectorScheduler):
         self.state_backoff: int = 1 if (self._has_mamba or self._bounded_replay) else 0
         self.lookahead: int = vllm_config.num_prefill_lookahead_tokens
         self.prefill_backoff: int = prefill_backoff(self.lookahead, self.state_backoff)
+        self.handoff = HandoffStats()
 
     def _get_remote_prefill_token_count(self, num_prompt_tokens: int) -> int:
         """Decode side: load all but the trailing `prefill_backoff` prompt tokens."""
@@ -177,10 +215,28 @@ class BackoffMooncakeConnectorScheduler(MooncakeConnectorScheduler):
         return num_prompt_tokens
 
     def on_new_request(self, request: Request) -> None:
-        """Prefill side: runs from Scheduler.add_request, before the prefix-cache lookup."""
+        """Runs from Scheduler.add_request, before the prefix-cache lookup. Prefill side: the
+        truncation. Decode side: a request that comes with no remote prefill is decode-only."""
         params = request.kv_transfer_params
         if params is not None and params.get("do_remote_decode"):
             self._truncate_request_for_prefill(request)
+        elif self.is_kv_consumer and not (params and params.get("do_remote_prefill")):
+            self.handoff.record_decode_only()
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        """Decode side: count the pull the parent starts here (once per request: it clears
+        do_remote_prefill), or the decode-only fallback when the parameters cannot pull."""
+        params = request.kv_transfer_params
+        if self.is_kv_consumer and params and params.get("do_remote_prefill"):
+            if not all(key in params for key in REMOTE_PREFILL_KEYS):
+                self.handoff.record_decode_only()
+            elif num_external_tokens > 0:
+                prompt = request.num_prompt_tokens
+                pulled_to = self._get_remote_prefill_token_count(prompt)
+                self.handoff.record_pull(num_external_tokens, prompt - pulled_to)
+        super().update_state_after_alloc(request, blocks, num_external_tokens)
 
     def _truncate_request_for_prefill(self, request: Request) -> None:
         backoff = self.prefill_backoff
@@ -220,7 +276,33 @@ class BackoffMooncakeConnector(MooncakeConnector):
         kv_cache_config: KVCacheConfig,
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        self.connector_scheduler: BackoffMooncakeConnectorScheduler | None = None
         if role == KVConnectorRole.SCHEDULER:
             self.connector_scheduler = BackoffMooncakeConnectorScheduler(
                 vllm_config, self.engine_id, kv_cache_config
             )
+        elif self.connector_worker is not None:
+            # Its transfers start later (register_kv_caches); its payload must carry the
+            # hand-off keys, or merging the scheduler half's into it would fail.
+            self.connector_worker.xfer_stats = HandoffStats()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """The worker's transfer stats (vLLM's), or the scheduler half's hand-off counts."""
+        if self.connector_scheduler is not None:
+            handoff = self.connector_scheduler.handoff
+            return None if handoff.is_empty() else handoff.clone_and_reset()
+        return super().get_kv_connector_stats()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return HandoffStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics:
+        return HandoffPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
