@@ -1,4 +1,5 @@
-"""Reads the few vLLM 0.33.0 metrics the autoscaler uses out of an engine's `/metrics` text.
+"""Reads the few metrics the autoscaler and the hand-off verdict use out of an engine's `/metrics`
+text: vLLM 0.33.0's, and the fixed connector's hand-off counters (`pdmtp_engine.handoff`).
 
 Pure: text and the time it was scraped in, numbers out. It reads the Prometheus text exposition
 format only as far as these names need: comments and `_bucket`/`_created` series are skipped,
@@ -25,10 +26,23 @@ INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens"
 DRAFTS = "vllm:spec_decode_num_drafts"
+FAILED_RECVS = "vllm:mooncake_num_failed_recvs"
+KV_PULLED_REQUESTS = "pdmtp:kv_pulled_requests"
+KV_PULLED_TOKENS = "pdmtp:kv_pulled_tokens"
+KV_BACKOFF_TOKENS = "pdmtp:kv_backoff_tokens"
+KV_DECODE_ONLY_REQUESTS = "pdmtp:kv_decode_only_requests"
 
 _GAUGES = (WAITING, RUNNING, KV_CACHE_USAGE)
 _HISTOGRAMS = (TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, QUEUE_TIME)
-_COUNTERS = (ACCEPTED_TOKENS, DRAFTS)
+_COUNTERS = (
+    ACCEPTED_TOKENS,
+    DRAFTS,
+    FAILED_RECVS,
+    KV_PULLED_REQUESTS,
+    KV_PULLED_TOKENS,
+    KV_BACKOFF_TOKENS,
+    KV_DECODE_ONLY_REQUESTS,
+)
 
 
 def _wanted_names() -> dict[str, str]:
@@ -68,10 +82,17 @@ class Scrape:
     queue_time: HistogramTotals | None = None
     accepted_tokens: float | None = None
     drafts: float | None = None
+    failed_recvs: float | None = None
+    """KV receives that failed on a decode (vLLM's Mooncake worker)."""
+    kv_pulled_requests: float | None = None
+    kv_pulled_tokens: float | None = None
+    kv_backoff_tokens: float | None = None
+    kv_decode_only_requests: float | None = None
+    """The fixed connector's hand-off counts; None on an engine without it."""
 
 
 def parse_scrape(text: str, at: float) -> Scrape:
-    """The autoscaler's metrics out of one `/metrics` answer scraped at `at`."""
+    """The metrics out of one `/metrics` answer scraped at `at`."""
     totals: dict[str, float] = {}
     series: dict[str, int] = {}
     for name, value in samples(text):
@@ -98,6 +119,11 @@ def parse_scrape(text: str, at: float) -> Scrape:
         queue_time=histogram(QUEUE_TIME),
         accepted_tokens=totals.get(ACCEPTED_TOKENS),
         drafts=totals.get(DRAFTS),
+        failed_recvs=totals.get(FAILED_RECVS),
+        kv_pulled_requests=totals.get(KV_PULLED_REQUESTS),
+        kv_pulled_tokens=totals.get(KV_PULLED_TOKENS),
+        kv_backoff_tokens=totals.get(KV_BACKOFF_TOKENS),
+        kv_decode_only_requests=totals.get(KV_DECODE_ONLY_REQUESTS),
     )
 
 
