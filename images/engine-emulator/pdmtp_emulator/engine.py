@@ -46,6 +46,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from pdmtp_emulator.handoff import HandoffCounts, prompt_tokens
 from pdmtp_emulator.ranks import EngineState
 from pdmtp_emulator.scheduler import Scheduler, Tuning, label_set, max_tokens_of
 
@@ -161,6 +162,8 @@ class EngineEmulator:
     EngineDeadError, generation 500, including requests that were running)."""
     generation_count: int = 0
     scheduler: Scheduler = field(init=False)
+    handoff: HandoffCounts = field(init=False)
+    """A decode's hand-off counts and faults (handoff.py)."""
 
     _kv: OrderedDict[str, tuple[float, KVRecord]] = field(default_factory=OrderedDict)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -171,6 +174,7 @@ class EngineEmulator:
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
+        self.handoff = HandoffCounts(self.identity.speculative_tokens)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -199,6 +203,7 @@ class EngineEmulator:
         self._call(self.shutdown())
         self.engine_ids = []
         self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
+        self.handoff = HandoffCounts(self.identity.speculative_tokens)
         self._call(self.serve())
 
     def __enter__(self) -> EngineEmulator:
@@ -438,6 +443,8 @@ class EngineEmulator:
         text format, with vLLM's `model_name` and `engine` labels."""
         labels = {"model_name": MODEL, "engine": "0"}
         lines = self.scheduler.metric_lines(labels)
+        if self.role == "decode":
+            lines += self.handoff.metric_lines(self.tuning, labels)
         lines += [
             "# HELP pdmtp_emulator_generation_requests_total Generation requests received.",
             "# TYPE pdmtp_emulator_generation_requests_total counter",
@@ -512,16 +519,27 @@ class EngineEmulator:
                 KVRecord(str(params["transfer_id"]), self.engine_id, self.identity, prompt)
             )
         max_tokens = max_tokens_of(body)
+        prompt = prompt_tokens(body.get("messages") if chat else body.get("prompt"))
+        fault = self.handoff.fault(self.tuning) if remote_prefill else None
+        if self.role == "decode" and (not remote_prefill or fault == "decode_only"):
+            self.handoff.decode_only()
+            remote_prefill = False
+        elif fault == "fail":
+            self.handoff.failed()  # recomputed here, as vLLM's recompute policy does
+            remote_prefill = False
         async with self.scheduler.admit() as run:
             if remote_prefill and self.pull_kv:
                 try:
                     used = await self._pull_kv(params)
                 except (TimeoutError, KVPullError, aiohttp.ClientError, KeyError) as exc:
+                    self.handoff.failed()
                     error = {"object": "error", "message": f"KV load failed: {exc}", "code": 500}
                     return web.json_response(error, status=500)
                 with self._lock:
                     self.decodes.append(used)
                 text = json.dumps({"kv": asdict(used)}, sort_keys=True)
+            if remote_prefill:
+                self.handoff.pulled(self.tuning, prompt)
             await run.first_token(prefilled_elsewhere=remote_prefill)
             await run.decode(max_tokens)
         died = self._not_serving()  # the engine died under this request (a rank was lost)

@@ -58,8 +58,12 @@ ENV = {
     "step_seconds": "PDMTP_EMULATOR_STEP_SECONDS",
     "prefill_seconds": "PDMTP_EMULATOR_PREFILL_SECONDS",
     "batch_slowdown": "PDMTP_EMULATOR_BATCH_SLOWDOWN",
+    "pull_failure_rate": "PDMTP_EMULATOR_PULL_FAILURE_RATE",
+    "decode_only_rate": "PDMTP_EMULATOR_DECODE_ONLY_RATE",
+    "fixed_connector": "PDMTP_EMULATOR_FIXED_CONNECTOR",
 }
 """The environment variable that sets each `Tuning` field's value at start."""
+INTEGER_FIELDS = ("max_running", "fixed_connector")
 
 
 @dataclass(frozen=True)
@@ -77,20 +81,38 @@ class Tuning:
     """Computing a prompt's KV here, up to its first token."""
     batch_slowdown: float = 0.5
     """A step of a full batch takes (1 + this) times `step_seconds`; linear in between."""
+    pull_failure_rate: float = 0.0
+    """Decode: fraction of KV pulls that fail and are recomputed here (handoff.py), 0..1."""
+    decode_only_rate: float = 0.0
+    """Decode: fraction of remote-prefill requests served with no prefill's KV, 0..1."""
+    fixed_connector: int = 1
+    """0: an engine without the fixed connector (no hand-off counts, no backoff)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_running, bool) or not isinstance(self.max_running, int):
-            raise ValueError(f"max_running must be an integer, got {self.max_running!r}")
+        for name in INTEGER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.max_running < 1:
             raise ValueError(f"max_running must be at least 1, got {self.max_running}")
-        for name in ("acceptance_rate", "step_seconds", "prefill_seconds", "batch_slowdown"):
+        if self.fixed_connector not in (0, 1):
+            raise ValueError(f"fixed_connector must be 0 or 1, got {self.fixed_connector}")
+        for name in (
+            "acceptance_rate",
+            "step_seconds",
+            "prefill_seconds",
+            "batch_slowdown",
+            "pull_failure_rate",
+            "decode_only_rate",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise ValueError(f"{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if self.acceptance_rate > 1:
-            raise ValueError(f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
+        for name in ("acceptance_rate", "pull_failure_rate", "decode_only_rate"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
@@ -101,7 +123,7 @@ class Tuning:
             if not raw:
                 continue
             try:
-                changes[name] = int(raw) if name == "max_running" else float(raw)
+                changes[name] = int(raw) if name in INTEGER_FIELDS else float(raw)
             except ValueError:
                 raise ValueError(f"{var}={raw!r} is not a number") from None
         return cls().updated(changes)
@@ -114,9 +136,10 @@ class Tuning:
             raise ValueError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
         values = dict(changes)
         # JSON has one number type: 4.0 is an acceptable capacity, 4.5 is not.
-        running = values.get("max_running")
-        if isinstance(running, float) and running.is_integer():
-            values["max_running"] = int(running)
+        for name in INTEGER_FIELDS:
+            number = values.get(name)
+            if isinstance(number, float) and number.is_integer():
+                values[name] = int(number)
         return replace(self, **values)
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The emulated decode's KV hand-off counts and faults, in the names the engine image exports.
+
+The engine image's fixed connector counts, per decode, the requests that pulled a prefill's KV,
+the tokens pulled, the tokens recomputed for the MTP backoff and the requests served
+decode-only (`pdmtp_engine.handoff`); vLLM counts failed receives
+(`vllm:mooncake_num_failed_recvs`). The emulated decode counts the same, so the operator's
+verdict can be proven against emulated pairs, and can be told to misbehave the ways a real pair
+does (`Tuning`):
+
+- `pull_failure_rate`: that fraction of pulls fails; the decode recomputes the prompt itself (vLLM's
+  recompute policy), so the request still succeeds and only the counter shows it;
+- `decode_only_rate`: that fraction of remote-prefill requests is served with no prefill's KV;
+- `fixed_connector: 0`: an engine without the fixed connector: no hand-off counts, no backoff.
+
+Fractions are applied as deterministic credit (every 1/rate-th request), not a random draw, so a
+test can count what it asked for. A pull that cannot find its prefill (a stale engine id after a
+prefill restart) fails its request with a 500 as before, and is counted as a failed receive too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdmtp_emulator.scheduler import Tuning, label_set
+
+Fault = Literal["fail", "decode_only"]
+
+COUNTERS = {
+    "pulled_requests": ("pdmtp:kv_pulled_requests", "Requests that pulled a prefill's KV."),
+    "pulled_tokens": ("pdmtp:kv_pulled_tokens", "Prompt tokens of KV pulled."),
+    "backoff_tokens": ("pdmtp:kv_backoff_tokens", "Prompt tokens recomputed for the backoff."),
+    "decode_only_requests": (
+        "pdmtp:kv_decode_only_requests",
+        "Requests served without a prefill's KV.",
+    ),
+}
+FAILED_RECVS = "vllm:mooncake_num_failed_recvs"
+
+
+def prompt_tokens(prompt: object) -> int:
+    """A stand-in token count: one per whitespace-separated word of the prompt's text."""
+    if isinstance(prompt, list):
+        return sum(prompt_tokens(p) for p in prompt)
+    if isinstance(prompt, dict):
+        return prompt_tokens(prompt.get("content", ""))
+    return max(1, len(str(prompt).split()))
+
+
+@dataclass
+class HandoffCounts:
+    """One decode's counts since it started; `restart` of the engine starts a new one."""
+
+    speculative_tokens: int
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    failed_recvs: int = 0
+    _credit: dict[str, float] = field(default_factory=lambda: {"fail": 0.0, "decode_only": 0.0})
+
+    def backoff(self, tuning: Tuning) -> int:
+        """Multi-module MTP's backoff, lookahead - 1 (k - 1); none without the fixed connector."""
+        return max(0, self.speculative_tokens - 1) if tuning.fixed_connector else 0
+
+    def fault(self, tuning: Tuning) -> Fault | None:
+        """Whether this remote-prefill request is served decode-only or its pull fails."""
+        for fault, rate in (
+            ("decode_only", tuning.decode_only_rate),
+            ("fail", tuning.pull_failure_rate),
+        ):
+            self._credit[fault] += rate
+            if self._credit[fault] >= 1.0:
+                self._credit[fault] -= 1.0
+                return fault  # type: ignore[return-value]
+        return None
+
+    def pulled(self, tuning: Tuning, prompt: int) -> None:
+        backoff = self.backoff(tuning) if prompt > self.backoff(tuning) else 0
+        self.counts["pulled_requests"] += 1
+        self.counts["pulled_tokens"] += prompt - backoff
+        self.counts["backoff_tokens"] += backoff
+
+    def decode_only(self) -> None:
+        self.counts["decode_only_requests"] += 1
+
+    def failed(self) -> None:
+        self.failed_recvs += 1
+
+    def metric_lines(self, tuning: Tuning, labels: dict[str, str]) -> list[str]:
+        lines = [
+            "# HELP vllm:mooncake_num_failed_recvs_total Number of failed Mooncake KV Cache "
+            "receives.",
+            "# TYPE vllm:mooncake_num_failed_recvs_total counter",
+            f"{FAILED_RECVS}_total{label_set(labels)} {self.failed_recvs}",
+        ]
+        if not tuning.fixed_connector:
+            return lines
+        for key, (name, doc) in COUNTERS.items():
+            lines += [
+                f"# HELP {name}_total {doc}",
+                f"# TYPE {name}_total counter",
+                f"{name}_total{label_set(labels)} {self.counts[key]}",
+            ]
+        return lines
