@@ -43,7 +43,7 @@ verify: venv ## Fail if crds/, docs/ or README.md's tables drifted from the mode
 	$(PY) -m pdmtp.api.readme --check README.md
 
 .PHONY: lint
-lint: venv chart-check ## ruff, mypy --strict, import-linter (the core stays pure)
+lint: venv ## ruff, mypy --strict, import-linter (the core stays pure)
 	$(VENV)/bin/ruff check operator tests hack images
 	$(VENV)/bin/ruff format --check operator tests hack images
 	$(VENV)/bin/mypy
@@ -162,7 +162,7 @@ test-images: venv images cluster-bins ## Images tier: each image run as its pod 
 # CPU) and run niced beside them, taking only what those leave (hack/lanes.sh).
 .PHONY: test-lanes
 test-lanes: venv ## The cluster + images tiers beside kind, and the engine + CPU P/D tiers niced
-	hack/lanes.sh cluster '$(MAKE) test-cluster test-images' kind '$(MAKE) kind-e2e' \
+	hack/lanes.sh cluster '$(MAKE) chart-check test-cluster test-images' kind '$(MAKE) kind-e2e' \
 	  --niced engines '$(MAKE) test-engine test-pd-cpu'
 
 # hack/with-prebuild.sh warms the build caches (images, kind, KEDA) in the background, niced,

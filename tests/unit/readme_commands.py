@@ -204,7 +204,8 @@ REGISTRY: dict[str, Entry] = {
     ),
     "make demo-down": Run((DEMO,), "then asserts nothing the demo started still runs"),
     "make chart-check": ByMake(
-        "a prerequisite of `make lint`, which `make test` runs first",
+        "the cluster lane of `make test` runs it before the cluster tier (it needs the "
+        "control plane's kubectl, so lint does not wait for that build)",
         ("Makefile", "chart-check"),
     ),
     "make test-unit": _tier("test-unit", "the unit tier"),
@@ -324,7 +325,7 @@ REGISTRY: dict[str, Entry] = {
         "`helm template pdmtp charts/pdmtp -n pdmtp-system` (hack/lib/chart.py)",
     ),
     "kubectl kustomize deploy/": ByMake(
-        "hack/chart-check.py (`make chart-check`, in `make lint`) compares it with helm template",
+        "hack/chart-check.py (`make chart-check`, in `make test`) compares it with helm template",
         ("hack/chart-check.py", '"kustomize"'),
     ),
     "helm install pdmtp charts/pdmtp -n pdmtp-system --create-namespace "
