@@ -51,14 +51,16 @@ def prompt_tokens(prompt: object) -> int:
 class HandoffCounts:
     """One decode's counts since it started; `restart` of the engine starts a new one."""
 
-    speculative_tokens: int
+    speculative_tokens: int | None
+    """The engine's k; None without speculative decoding (no backoff)."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     failed_recvs: int = 0
     _credit: dict[str, float] = field(default_factory=lambda: {"fail": 0.0, "decode_only": 0.0})
 
     def backoff(self, tuning: Tuning) -> int:
         """Multi-module MTP's backoff, lookahead - 1 (k - 1); none without the fixed connector."""
-        return max(0, self.speculative_tokens - 1) if tuning.fixed_connector else 0
+        k = self.speculative_tokens or 0
+        return max(0, k - 1) if tuning.fixed_connector else 0
 
     def fault(self, tuning: Tuning) -> Fault | None:
         """Whether this remote-prefill request is served decode-only or its pull fails."""
