@@ -89,11 +89,11 @@ class SimRevision:
 
     def observe(self) -> RevisionState:
         w = self.workloads
-        routed = w["router"].routed()
+        routed, steady = w["router"].routed(), w["router"].steady()
         return RevisionState(
             self.revision,
-            w["prefill"].observe(routed, w["router"].steady()),
-            w["decode"].observe(routed, w["router"].steady()),
+            w["prefill"].observe(routed, steady),
+            w["decode"].observe(routed, steady),
             w["router"].observe(),
             None if self.deleted else self.drain_until,
             self.created,

@@ -75,7 +75,9 @@ class HandoffCounts:
         return None
 
     def pulled(self, tuning: Tuning, prompt: int) -> None:
-        backoff = self.backoff(tuning) if prompt > self.backoff(tuning) else 0
+        backoff = self.backoff(tuning)
+        if prompt <= backoff:  # a prompt no longer than the backoff is pulled whole
+            backoff = 0
         self.counts["pulled_requests"] += 1
         self.counts["pulled_tokens"] += prompt - backoff
         self.counts["backoff_tokens"] += backoff

@@ -210,29 +210,21 @@ def _url_of(pod: Obj) -> str | None:
     return engine_url(ip) if ip else None
 
 
-def routed_urls(router_pods: Iterable[Obj]) -> frozenset[str]:
-    """The engine URLs that the Ready router pods among `router_pods` list: what their clients
-    reach (a router pod that is not Ready, or is terminating, is out of its Service)."""
-    urls: set[str] = set()
-    for pod in router_pods:
-        if pod_ready(pod):
-            urls |= router_urls(_container_args(pod.get("spec") or {}))
-    return frozenset(urls)
+def ready_listings(router_pods: Iterable[Obj]) -> list[frozenset[str]]:
+    """The engine URLs each Ready router pod among `router_pods` lists; their union is what
+    clients reach (a router pod that is not Ready, or is terminating, is out of its Service)."""
+    return [router_urls(_container_args(p.get("spec") or {})) for p in router_pods if pod_ready(p)]
 
 
-def _steady_urls(router: Obj | None, router_pods: list[Obj]) -> frozenset[str] | None:
-    """The engine URLs `router` keeps listed through its own rollout (`steady_listing`)."""
+def _steady_urls(router: Obj | None, listings: list[frozenset[str]]) -> frozenset[str] | None:
+    """The engine URLs `router` keeps listed through its own rollout (`steady_listing`), given
+    what its Ready pods list."""
     if router is None:
         return None
     spec = router.get("spec") or {}
     template = router_urls(_container_args((spec.get("template") or {}).get("spec") or {}))
     replicas = int(spec.get("replicas") or 0) or _parked_replicas(router)
-    ready = [
-        router_urls(_container_args(p.get("spec") or {}))
-        for p in router_pods
-        if pod_ready(p) and not is_terminating(p)
-    ]
-    return steady_listing(ready, template, replicas)
+    return steady_listing(listings, template, replicas)
 
 
 def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[RevisionState]:
@@ -259,8 +251,9 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
         ]
         router = by_workload.get((rev, "router"))
         drain = parse_time(annotations_of(router).get(v.ANNOTATION_DRAIN_UNTIL)) if router else None
-        routed = routed_urls(pods_of.get((rev, "router"), []))
-        steady = _steady_urls(router, pods_of.get((rev, "router"), []))
+        listings = ready_listings(pods_of.get((rev, "router"), []))
+        routed = frozenset[str]().union(*listings)
+        steady = _steady_urls(router, listings)
         roles = {
             r: _role_state(
                 by_workload.get((rev, r)),
