@@ -15,6 +15,7 @@ from dataclasses import replace
 from pdmtp.core.promtext import parse_scrape
 from pdmtp.core.scaling import PodMetrics
 from pdmtp.core.verdict import Finding, Rules, judge, lifetime, recent
+from pdmtp_emulator.handoff import HandoffCounts
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post
 
@@ -120,3 +121,14 @@ def test_a_serving_pair_that_starts_failing_shows_in_the_recent_window(
     assert judge(window, None, replace(RULES, min_requests=0)).finding == Finding.PULL_FAILED
     # over its whole life it pulled 10 and failed 4: still failed, with the history behind it
     assert lifetime([scraped(decode)]).requests == REQUESTS
+
+
+def test_the_emulated_decode_backs_off_what_its_engine_derived() -> None:
+    """Given the operator's expected backoff (as a real engine's launcher enforces it), the
+    emulated decode recomputes that; single-module MTP with k = 2 derives a lookahead of 1, no
+    backoff, where k - 1 would be 1."""
+    tuning = Tuning()
+    assert HandoffCounts(2).backoff(tuning) == 1
+    assert HandoffCounts(2, derived_backoff=0).backoff(tuning) == 0
+    assert HandoffCounts(None, derived_backoff=2).backoff(tuning) == 0
+    assert HandoffCounts(3, derived_backoff=2).backoff(replace(tuning, fixed_connector=0)) == 0

@@ -91,6 +91,8 @@ class Identity:
     pod: str = ""
     revision: str = ""
     speculative_tokens: int | None = None
+    prefill_backoff: int | None = None
+    """The backoff the operator derived for this engine (`PDMTP_EXPECTED_PREFILL_BACKOFF`)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,9 @@ class EngineEmulator:
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
-        self.handoff = HandoffCounts(self.identity.speculative_tokens)
+        self.handoff = HandoffCounts(
+            self.identity.speculative_tokens, self.identity.prefill_backoff
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -203,7 +207,9 @@ class EngineEmulator:
         self._call(self.shutdown())
         self.engine_ids = []
         self.scheduler = Scheduler(self.tuning, self.identity.speculative_tokens)
-        self.handoff = HandoffCounts(self.identity.speculative_tokens)
+        self.handoff = HandoffCounts(
+            self.identity.speculative_tokens, self.identity.prefill_backoff
+        )
         self._call(self.serve())
 
     def __enter__(self) -> EngineEmulator:

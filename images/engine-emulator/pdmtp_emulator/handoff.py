@@ -53,14 +53,22 @@ class HandoffCounts:
 
     speculative_tokens: int | None
     """The engine's k; None without speculative decoding (no backoff)."""
+    derived_backoff: int | None = None
+    """The backoff the engine derived from its lookahead, where it was told
+    (`PDMTP_EXPECTED_PREFILL_BACKOFF`: a real engine's launcher refuses to start unless vLLM
+    derives what the operator expects); None: k - 1, multi-module MTP's."""
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     failed_recvs: int = 0
     _credit: dict[str, float] = field(default_factory=lambda: {"fail": 0.0, "decode_only": 0.0})
 
     def backoff(self, tuning: Tuning) -> int:
-        """Multi-module MTP's backoff, lookahead - 1 (k - 1); none without the fixed connector."""
-        k = self.speculative_tokens or 0
-        return max(0, k - 1) if tuning.fixed_connector else 0
+        """The derived backoff (else multi-module MTP's, k - 1); none without the fixed
+        connector or without speculative decoding."""
+        if not tuning.fixed_connector or not self.speculative_tokens:
+            return 0
+        if self.derived_backoff is not None:
+            return self.derived_backoff
+        return max(0, self.speculative_tokens - 1)
 
     def fault(self, tuning: Tuning) -> Fault | None:
         """Whether this remote-prefill request is served decode-only or its pull fails."""

@@ -102,7 +102,13 @@ def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmul
     role = role_of(args, env)
     spec = json.loads(args.speculative_config) if args.speculative_config else None
     k = int(spec["num_speculative_tokens"]) if spec else None
-    identity = Identity(pod=pod, revision=revision_from_pod_name(pod, role), speculative_tokens=k)
+    backoff = env.get("PDMTP_EXPECTED_PREFILL_BACKOFF", "")
+    identity = Identity(
+        pod=pod,
+        revision=revision_from_pod_name(pod, role),
+        speculative_tokens=k,
+        prefill_backoff=int(backoff) if backoff.isdigit() else None,
+    )
     try:
         tuning = Tuning.from_env(env)
     except ValueError as exc:
