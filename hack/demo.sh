@@ -57,7 +57,8 @@ else
   read -r metrics_port health_port < <("$VENV/bin/python" -c 'import sys; sys.path.insert(0, "hack/lib"); from loopback import free_ports; print(*free_ports(2))')
   nohup "$VENV/bin/pdmtp" run --namespace default --kubeconfig "$KUBECONFIG" \
     --resync-seconds 5 --metrics-address 127.0.0.1 --metrics-port "$metrics_port" \
-    --health-listen "127.0.0.1:$health_port" >"$STATE/operator.log" 2>&1 &
+    --health-listen "127.0.0.1:$health_port" \
+    --metrics-source "dir:$STATE/metrics" >"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"
   echo "$metrics_port $health_port" >"$STATE/operator.ports"
   echo "pid $(cat "$STATE/operator.pid"); metrics on http://127.0.0.1:$metrics_port/metrics"

@@ -47,6 +47,8 @@ class Options:
     sync_timeout_seconds: float = 120.0
     grace_seconds: float = GRACE_SECONDS
     """How long the PDDeployments may go unwatched before the operator reports itself not live."""
+    verification_seconds: float = 15.0
+    """How often a PDDeployment's engines are scraped for its verdict (`scrape.Scraper`)."""
 
 
 STALE_REQUEUE_SECONDS = 0.0
@@ -177,7 +179,13 @@ class Controller:
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
         self.tasks.append(asyncio.create_task(self._resync(), name="pdmtp-resync"))
         self.tasks.append(asyncio.create_task(self._poster(), name="pdmtp-events"))
-        self.scraper = Scraper(self.source, self.pdds, self.store, self.queue.add)
+        self.scraper = Scraper(
+            self.source,
+            self.pdds,
+            self.store,
+            self.queue.add,
+            verify_seconds=self.options.verification_seconds,
+        )
         self.tasks.append(asyncio.create_task(self._scrape(), name="pdmtp-scraper"))
 
     def discover_workload_api(self) -> None:

@@ -154,6 +154,19 @@ class Metrics:
             CONDITION_LABELS,
             registry=self.registry,
         )
+        self.verdict = Gauge(
+            "pdmtp_revision_verdict",
+            "1 for each revision's current verdict on its P/D path, with its reason "
+            "(status.revisions[].verification).",
+            (*LABELS, "revision", "verdict", "reason"),
+            registry=self.registry,
+        )
+        self.acceptance = Gauge(
+            "pdmtp_revision_acceptance_length",
+            "Accepted MTP tokens per draft over a revision's decodes' lifetime.",
+            (*LABELS, "revision"),
+            registry=self.registry,
+        )
         self.rollbacks = Counter(
             "pdmtp_rollbacks_total",
             f"Rollbacks started (the {reasons.ROLLBACK_STARTED} event): a new revision failed"
@@ -238,6 +251,7 @@ class Metrics:
             for c in report.status.get("conditions", [])
         }
         self._set_current(namespace, name, self.condition, conditions)
+        self._verdicts(namespace, name, report)
         for event in report.events:
             if event.reason == reasons.ROLLBACK_STARTED:
                 self.rollbacks.labels(namespace, name).inc()
@@ -253,6 +267,24 @@ class Metrics:
         for labels in current:
             gauge.labels(*labels).set(1)
         last[gauge] = current
+
+    def _verdicts(self, namespace: str, name: str, report: Report) -> None:
+        verdicts: set[tuple[str, ...]] = set()
+        accepting: set[tuple[str, ...]] = set()
+        for revision in report.status.get("revisions", []):
+            judged = revision.get("verification")
+            if judged is None:
+                continue
+            labels = (namespace, name, revision["revision"])
+            verdicts.add((*labels, judged["verdict"], judged["reason"]))
+            if judged.get("acceptanceLength") is not None:
+                self.acceptance.labels(*labels).set(judged["acceptanceLength"])
+                accepting.add(labels)
+        self._set_current(namespace, name, self.verdict, verdicts)
+        last = self._current.setdefault((namespace, name), {})
+        for gone in last.get(self.acceptance, set()) - accepting:
+            self.acceptance.remove(*gone)
+        last[self.acceptance] = accepting
 
     def _autoscaling(self, namespace: str, name: str, report: Report) -> None:
         scaling = report.status.get("autoscaling") or {}

@@ -1,9 +1,13 @@
-"""The autoscaler's eyes: scrape every autoscaled PDDeployment's engine pods once per interval.
+"""The autoscaler's and the verdict's eyes: scrape each PDDeployment's engine pods once per
+interval.
 
-A `Scraper` task wakes every second, and for each PDDeployment with spec.autoscaling whose
-interval has passed reads each live engine pod's metrics through a `MetricsSource`, keeps the two
-latest scrapes per pod (windowed signals need both), forgets pods that are gone, and queues the
-PDDeployment so its reconcile decides on the fresh numbers. It decides nothing itself.
+A `Scraper` task wakes every second, and for each PDDeployment with spec.autoscaling (at its
+interval) or a spec.verification.mode other than Off (every `verify_seconds`) whose interval has
+passed reads each live engine pod's metrics through a `MetricsSource`, keeps the two latest
+scrapes per pod (windowed signals need both), forgets pods that are gone, and queues the
+PDDeployment so its reconcile decides on the fresh numbers (an autoscaled one every round, its
+windows move with the clock; another only when a pod's numbers changed). It decides nothing
+itself.
 
 Two sources:
 
@@ -102,6 +106,8 @@ class Scraper:
     store: ChildStore
     on_scraped: Callable[[Key], None]
     """Called on the event loop after a PDDeployment's round (queue its reconcile)."""
+    verify_seconds: float = 15.0
+    """The interval for a PDDeployment scraped only for its verdict (`--verification-interval`)."""
     seen: dict[Key, dict[str, PodMetrics]] = field(default_factory=dict)
     due: dict[Key, float] = field(default_factory=dict)
     rounds: int = 0
@@ -115,7 +121,7 @@ class Scraper:
             now = time.monotonic()
             due = []
             for key in self.pdds.snapshot():
-                interval = _interval(self.pdds.get(key))
+                interval = _interval(self.pdds.get(key), self.verify_seconds)
                 if interval is None:
                     self.seen.pop(key, None)
                     self.due.pop(key, None)
@@ -123,15 +129,17 @@ class Scraper:
                     self.due[key] = now + interval
                     due.append(key)
             # One slow PDDeployment (pods that time out) does not delay the others' rounds.
-            await asyncio.gather(*(self._round(key, limit) for key in due))
-            for key in due:
-                self.on_scraped(key)
+            changed = await asyncio.gather(*(self._round(key, limit) for key in due))
+            for key, moved in zip(due, changed, strict=True):
+                if moved or _autoscaled(self.pdds.get(key)):
+                    self.on_scraped(key)
             for gone in set(self.seen) - set(self.pdds.snapshot()):
                 self.seen.pop(gone, None)
                 self.due.pop(gone, None)
             await asyncio.sleep(TICK_SECONDS)
 
-    async def _round(self, key: Key, limit: asyncio.Semaphore) -> None:
+    async def _round(self, key: Key, limit: asyncio.Semaphore) -> bool:
+        """Scrape the PDDeployment's pods; whether anything differs from the last round."""
         namespace, name = key
         pods = [
             p
@@ -160,14 +168,22 @@ class Scraper:
                 now[pod] = PodMetrics(scrape, was.latest)
         self.seen[key] = now
         self.rounds += 1
+        return now != before
 
 
-def _interval(body: Obj | None) -> float | None:
+def _autoscaled(body: Obj | None) -> bool:
+    return body is not None and isinstance((body.get("spec") or {}).get("autoscaling"), Mapping)
+
+
+def _interval(body: Obj | None, verify_seconds: float) -> float | None:
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return None
-    auto = (body.get("spec") or {}).get("autoscaling")
+    spec = body.get("spec") or {}
+    auto = spec.get("autoscaling")
     if not isinstance(auto, Mapping):
-        return None
+        verification = spec.get("verification")
+        mode = verification.get("mode") if isinstance(verification, Mapping) else None
+        return None if mode == "Off" else verify_seconds
     default = float(AutoscalingSpec.model_fields["interval_seconds"].default)
     seconds = auto.get("intervalSeconds", default)
     return float(seconds) if isinstance(seconds, int | float) and seconds > 0 else default

@@ -23,6 +23,7 @@ from pdmtp.core.actions import Action, Annotate, Apply, Delete, Rejection, Scale
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.observe import format_time, parse_time
 from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.core.scaling import PodMetrics
 
 Obj = dict[str, Any]
 CREATED = "2027-01-15T08:00:00Z"
@@ -52,6 +53,8 @@ class FakeCluster:
     """Simulation: terminating pods and the ticks they have left."""
     refusals: list[Rejection] = field(default_factory=list)
     """Simulation: every write the API server refused, in order."""
+    metrics: dict[str, PodMetrics] = field(default_factory=dict)
+    """The engine pods' scrapes by pod name, as the scraper would hand them over."""
     cordoned: frozenset[str] = frozenset()
     """Nodes marked unschedulable (a drain begun): new pods never land there (each new pod gets
     a node of its own)."""
@@ -78,6 +81,7 @@ class FakeCluster:
             deployments,
             list(self.pods.values()),
             others,
+            metrics=dict(self.metrics),
             workload_api=self.workload_api,
             cordoned=self.cordoned,
         )

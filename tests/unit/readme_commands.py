@@ -141,6 +141,10 @@ CHART = (
     f"{CLUSTER}/test_chart.py::test_install_upgrade_uninstall_keeps_the_crds_and_purge_removes_them"
 )
 ROLL = f"{CLUSTER}/test_rollout_control.py"
+VERIFY_CANARY = (
+    "tests/cluster/test_verification.py::"
+    "test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_promotes_itself"
+)
 CANARY = f"{ROLL}::test_a_canary_holds_at_its_share_until_promoted"
 UNDO = f"{ROLL}::test_undo_returns_to_a_recorded_revision"
 PAUSE = f"{ROLL}::test_pause_freezes_a_rollout_and_resume_finishes_it"
@@ -438,6 +442,7 @@ REGISTRY: dict[str, Entry] = {
     "pdmtp rollout status <NAME> [--timeout <S>]": Run((CANARY, PAUSE)),
     "pdmtp rollout pause <NAME>": Run((PAUSE,), "and `resume`"),
     "pdmtp rollout promote <NAME>": Run((CANARY,)),
+    "pdmtp verify <NAME>": Run((VERIFY_CANARY,), "exit 0 when Verified, 1 once Failed"),
     "pdmtp rollout history <NAME>": Run((UNDO,)),
     "pdmtp rollout undo <NAME> [--to-revision <N>]": Run((UNDO,)),
     "pdmtp plan --from <OLD> --to <NEW> [--fail-after <S>]": Run(

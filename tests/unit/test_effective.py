@@ -184,7 +184,14 @@ EVERY_FIELD: dict[str, Any] = {
             "progressDeadlineSeconds": 600,
             "onFailure": "Rollback",
             "paused": False,
-            "canary": {"percent": 50},
+            "canary": {"percent": 50, "autoPromote": False},
+        },
+        "verification": {
+            "mode": "Gate",
+            "minRequests": 8,
+            "minDrafts": 32,
+            "acceptanceTolerancePercent": 10,
+            "expectedAcceptanceLength": 1.5,
         },
         "autoscaling": {
             "prefill": {

@@ -90,32 +90,56 @@ def test_a_pod_gone_is_forgotten() -> None:
     assert s.metrics("ns", "x") == {}
 
 
-def test_only_autoscaled_pddeployments_are_scraped() -> None:
-    source = FakeSource({"d-0": 1.0})
-    s = scraper(source, None, [pod("d-0", "decode")])
-    rounds: list[tuple[str, str]] = []
-    s.on_scraped = rounds.append
+def _run_until(s: Scraper, done: Callable[[], bool], seconds: float) -> None:
+    """Run the scraper until `done` holds, or for `seconds` (a window in which nothing may
+    happen, when `done` never holds)."""
 
-    async def run_until(done: Callable[[], bool], seconds: float) -> None:
-        """Run the scraper until `done` holds, or for `seconds` (a window in which nothing may
-        happen, when `done` never holds)."""
+    async def go() -> None:
         task = asyncio.create_task(s.run())
         deadline = time.monotonic() + seconds
         while not done() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         task.cancel()
 
-    asyncio.run(run_until(lambda: False, 0.3))
-    assert source.asked == [] and rounds == []
+    asyncio.run(go())
+
+
+def _respec(s: Scraper, spec: Obj, version: str) -> None:
+    body = pdd(None)
     s.pdds.put(
         "PDDeployment",
-        {
-            **pdd({"intervalSeconds": 1}),
-            "metadata": {**pdd(None)["metadata"], "resourceVersion": "2"},
-        },
+        {**body, "spec": spec, "metadata": {**body["metadata"], "resourceVersion": version}},
     )
-    asyncio.run(run_until(lambda: bool(rounds), 10))
+
+
+def test_with_verification_off_only_autoscaled_pddeployments_are_scraped() -> None:
+    source = FakeSource({"d-0": 1.0})
+    s = scraper(source, None, [pod("d-0", "decode")])
+    rounds: list[tuple[str, str]] = []
+    s.on_scraped = rounds.append
+    _respec(s, {"verification": {"mode": "Off"}}, "2")
+    _run_until(s, lambda: False, 0.3)
+    assert source.asked == [] and rounds == []
+    _respec(s, {"verification": {"mode": "Off"}, "autoscaling": {"intervalSeconds": 1}}, "3")
+    _run_until(s, lambda: bool(rounds), 10)
     assert source.asked == ["d-0"] and rounds == [("ns", "x")]
+
+
+def test_verification_scrapes_every_pddeployment_and_queues_only_on_news() -> None:
+    """Unset, spec.verification judges (mode Rollback): the pods are read every
+    `verify_seconds`, and the PDDeployment is queued when a pod's numbers changed, not on
+    every round (an autoscaled one is, its windows move with the clock)."""
+    source = FakeSource({"d-0": 1.0})
+    s = scraper(source, None, [pod("d-0", "decode")])
+    s.verify_seconds = 0.05
+    rounds: list[tuple[str, str]] = []
+    s.on_scraped = rounds.append
+    _run_until(s, lambda: len(source.asked) >= 3, 10)
+    assert len(source.asked) >= 3
+    assert rounds == [("ns", "x")], "queued again for numbers that did not change"
+    source.at["d-0"] = 2.0
+    _run_until(s, lambda: len(rounds) >= 2, 10)
+    assert rounds == [("ns", "x")] * 2
 
 
 def test_the_directory_source_reads_a_pods_file_at_its_modification_time(tmp_path: Path) -> None:

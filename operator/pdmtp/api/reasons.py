@@ -16,7 +16,8 @@ CONFIG_COMPATIBLE: Final = "ConfigCompatible"
 AVAILABLE: Final = "Available"
 PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
-CONDITION_TYPES: Final = (CONFIG_COMPATIBLE, AVAILABLE, PROGRESSING, DEGRADED)
+VERIFIED: Final = "Verified"
+CONDITION_TYPES: Final = (CONFIG_COMPATIBLE, AVAILABLE, PROGRESSING, DEGRADED, VERIFIED)
 EVENT: Final = "Event"
 """What event-only reasons belong to in `REASONS`."""
 
@@ -217,6 +218,18 @@ CANARY_HOLD: Final = _reason(
         "NAME` to go back"
     ),
 )
+AWAITING_VERDICT: Final = _reason(
+    PROGRESSING,
+    "AwaitingVerdict",
+    "spec.verification.mode is Gate: the new revision serves and the old revision keeps its last "
+    "pods until the new one is Verified (a canary waits for it to promote by itself). A verdict "
+    "not reached within progressDeadlineSeconds fails the rollout.",
+    symptom="A roll stops with the old revision's last pods serving",
+    action=(
+        "Read the Verified condition: send traffic through the new revision, or promote it by "
+        "hand (`pdmtp rollout promote NAME`)"
+    ),
+)
 PROGRESS_DEADLINE_EXCEEDED: Final = _reason(
     PROGRESSING,
     "ProgressDeadlineExceeded",
@@ -312,6 +325,92 @@ WORKLOAD_API_UNAVAILABLE: Final = _reason(
     action="Serve the Workload API (see Prerequisites), or drop multiNode",
 )
 
+# Verified: the update revision's P/D path judged on what its decodes did (`core.verdict`).
+_READ_VERIFY = (
+    "Run `pdmtp verify NAME`: it prints, per revision, the requests that pulled KV, the tokens "
+    "pulled and recomputed, the failures and the acceptance"
+)
+HANDOFF_VERIFIED: Final = _reason(
+    VERIFIED,
+    "HandoffVerified",
+    "The revision's decodes pulled the prefills' KV for enough requests, recomputed the derived "
+    "backoff, failed no pull, and accept drafts as often as the reference.",
+)
+NO_METRICS: Final = _reason(
+    VERIFIED,
+    "NoMetrics",
+    "No decode pod of the revision has been scraped yet (Pending).",
+    symptom="A canary or a paired roll in mode Gate does not move on",
+    action=(
+        "Check that the operator reaches the engines' metrics port (the NetworkPolicy admits "
+        "pods labelled pdmtp.io/metrics-scraper) and that the decode pods are Ready"
+    ),
+)
+AWAITING_REQUESTS: Final = _reason(
+    VERIFIED,
+    "AwaitingRequests",
+    "Too few requests have pulled KV for a verdict (Pending; spec.verification.minRequests).",
+    symptom="A canary or a paired roll in mode Gate waits with traffic low",
+    action="Send traffic through the revision, or promote the canary by hand",
+)
+AWAITING_DRAFTS: Final = _reason(
+    VERIFIED,
+    "AwaitingDrafts",
+    "Too few drafts to compare acceptance (Pending; spec.verification.minDrafts).",
+    symptom="A canary or a paired roll in mode Gate waits with traffic low",
+    action="Send traffic through the revision, or promote the canary by hand",
+)
+HANDOFF_NOT_REPORTED: Final = _reason(
+    VERIFIED,
+    "HandoffNotReported",
+    "A decode exports metrics but no hand-off counts: its engine lacks the fixed Mooncake "
+    "connector (Failed).",
+    symptom="A rollout rolls back, or the Verified condition is False",
+    action="Use the pdmtp engine image (images/engine), whose connector applies the MTP backoff",
+)
+KV_PULL_FAILED: Final = _reason(
+    VERIFIED,
+    "KVPullFailed",
+    "A decode failed to receive a prefill's KV (Failed).",
+    symptom="A rollout rolls back, or the Verified condition is False on a serving revision",
+    action=(
+        "Read the decode's log for Mooncake transfer errors: a port, protocol or device that "
+        "differs between the roles, or a prefill restarted under its pairs. " + _READ_VERIFY
+    ),
+)
+DECODE_ONLY_FALLBACK: Final = _reason(
+    VERIFIED,
+    "DecodeOnlyFallback",
+    "A decode served a request with no prefill's KV: it recomputed the whole prompt (Failed).",
+    symptom="Higher decode load and latency, a rollback, or Verified False",
+    action=(
+        "Check the router's P/D pairing and the kv-transfer config of both roles. " + _READ_VERIFY
+    ),
+)
+BACKOFF_MISMATCH: Final = _reason(
+    VERIFIED,
+    "BackoffMismatch",
+    "The decodes recomputed a different number of prompt tokens per request than the backoff "
+    "derived from the lookahead (Failed): the stale-draft-KV fault of vLLM #55055.",
+    symptom="Lower MTP acceptance, a rollback, or Verified False",
+    action="Use the pdmtp engine image; compare status.lookahead with the engines' launch log",
+)
+ACCEPTANCE_REGRESSED: Final = _reason(
+    VERIFIED,
+    "AcceptanceRegressed",
+    "Accepted tokens per draft fell below the serving revision's (or "
+    "spec.verification.expectedAcceptanceLength) by more than the tolerance (Failed).",
+    symptom="Lower decode throughput, a rollback, or Verified False",
+    action=(
+        "Compare the revisions' speculative settings and checkpoints; "
+        + _READ_VERIFY
+        + "; widen spec.verification.acceptanceTolerancePercent if the drop is noise"
+    ),
+)
+VERIFICATION_OFF: Final = _reason(
+    VERIFIED, "VerificationOff", "spec.verification.mode is Off: nothing is judged."
+)
+
 # Events (besides a condition's reason, which its transitions are posted under).
 CREATED: Final = _reason(EVENT, "Created", "A child object was created.")
 UPDATED: Final = _reason(
@@ -386,6 +485,11 @@ WARNING_REASONS: Final = frozenset(
         PROGRESS_DEADLINE_EXCEEDED,
         ROLLOUT_FAILED,
         ROLLED_BACK,
+        HANDOFF_NOT_REPORTED,
+        KV_PULL_FAILED,
+        DECODE_ONLY_FALLBACK,
+        BACKOFF_MISMATCH,
+        ACCEPTANCE_REGRESSED,
     }
 )
 """Reasons whose condition, whenever it appears or changes its message, is a Warning event."""

@@ -61,6 +61,29 @@ class RoleStatus(Model):
     )
 
 
+class VerificationStatus(Model):
+    """What a revision's decode pods did since they started, and the verdict on it."""
+
+    verdict: Literal["Pending", "Verified", "Failed"] = Field(
+        description="Pending (too little evidence), Verified or Failed."
+    )
+    reason: str = Field(description="Why: a reason of the Verified condition.")
+    message: str = Field(description="The verdict in words, with the figures it rests on.")
+    decode_pods: int = Field(description="Decode pods scraped.")
+    requests: int = Field(description="Requests whose KV the decodes pulled from a prefill.")
+    pulled_tokens: int = Field(description="Prompt tokens pulled.")
+    recomputed_tokens: int = Field(description="Prompt tokens recomputed for the MTP backoff.")
+    expected_backoff: int | None = Field(
+        default=None, description="The backoff per request derived from the lookahead."
+    )
+    failed_pulls: int = Field(description="KV receives that failed.")
+    decode_only: int = Field(description="Requests served with no prefill's KV.")
+    drafts: int = Field(description="MTP drafts made.")
+    acceptance_length: float | None = Field(
+        default=None, description="Accepted tokens per draft; unset before the first draft."
+    )
+
+
 class RevisionStatus(Model):
     """One revision that has workloads."""
 
@@ -73,6 +96,9 @@ class RevisionStatus(Model):
     )
     decode: str = Field(description="Ready/desired decode replicas.")
     routers: int = Field(description="Ready router pods.")
+    verification: VerificationStatus | None = Field(
+        default=None, description="The P/D path judged on what its decodes did."
+    )
 
 
 RolloutPhase = Literal[
@@ -98,6 +124,10 @@ class RolloutStatus(Model):
         default=None, description="The revision the rollback returns to."
     )
     failure: str | None = Field(default=None, description="Why the revision failed.")
+    failed_verdict: str | None = Field(
+        default=None,
+        description="The Verified condition's reason, when the failure is the revision's verdict.",
+    )
     failed_generation: int | None = Field(
         default=None,
         description="metadata.generation that failed: any later spec change rolls again.",

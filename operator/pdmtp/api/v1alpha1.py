@@ -525,6 +525,62 @@ class CanarySpec(Model):
             "new revision's routers are this share of the client Service's endpoints."
         ),
     )
+    auto_promote: bool = Field(
+        default=False,
+        description=(
+            "Promote by itself once the new revision is Verified (spec.verification); unset, "
+            "the hold waits for `pdmtp rollout promote`. A Failed canary rolls back either way "
+            "unless spec.verification.mode is Report or Off."
+        ),
+    )
+
+
+class VerificationSpec(Model):
+    """How a revision's P/D path is judged on what its decodes did, and what the judgement
+    holds back (`pdmtp verify NAME` prints it)."""
+
+    mode: Literal["Gate", "Rollback", "Report", "Off"] = Field(
+        default="Rollback",
+        description=(
+            "Rollback (default): a new revision found Failed (KV pulls failing, decode-only "
+            "fallback, the wrong backoff, acceptance regressed) is rolled back as a failed "
+            "deadline is; a rollout never waits for a verdict. Gate: in addition the old "
+            "revision keeps its last pods, and a canary with autoPromote holds, until the new "
+            "revision is Verified (it needs traffic: a verdict not reached within "
+            "progressDeadlineSeconds fails the rollout). Report: judge and report only. Off: "
+            "judge nothing."
+        ),
+    )
+    min_requests: int = Field(
+        default=8,
+        ge=1,
+        le=100000,
+        description="Requests whose KV a revision's decodes pulled before it can be Verified.",
+    )
+    min_drafts: int = Field(
+        default=32,
+        ge=1,
+        le=1000000,
+        description="Drafts needed, on each side, before acceptance is compared.",
+    )
+    acceptance_tolerance_percent: int = Field(
+        default=10,
+        ge=0,
+        le=100,
+        description=(
+            "How far, in percent, accepted tokens per draft may fall below the reference (the "
+            "serving revision's, else expectedAcceptanceLength) and still pass."
+        ),
+    )
+    expected_acceptance_length: float | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description=(
+            "Accepted tokens per draft to hold a revision to when no other revision serves "
+            "beside it; unset: acceptance is compared only between revisions."
+        ),
+    )
 
 
 class DisruptionBudgetSpec(Model):
@@ -842,6 +898,14 @@ class PDDeploymentSpec(Model):
         default_factory=RolloutSpec,
         json_schema_extra=defaulted(RolloutSpec),
         description="Rollout policy for both kinds of rollout.",
+    )
+    verification: VerificationSpec = Field(
+        default_factory=VerificationSpec,
+        json_schema_extra=defaulted(VerificationSpec),
+        description=(
+            "Judge each revision on its decodes' hand-off counts and MTP acceptance, and hold "
+            "or roll back rollouts on the verdict. Changing it rolls nothing."
+        ),
     )
     pod: PodSettings | None = Field(
         default=None,

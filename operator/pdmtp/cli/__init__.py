@@ -1,6 +1,7 @@
-"""The `pdmtp` command: offline tools (crd, docs, validate, render, plan), rollout control and
-the operator (run). One module a subcommand, holding its options (`add_parser`) and its work
-(`run`), as kubectl keeps one command a file; `inputs` has what they read and share."""
+"""The `pdmtp` command: offline tools (crd, docs, validate, render, plan), rollout control, the
+verdict (verify) and the operator (run). One module a subcommand, holding its options
+(`add_parser`) and its work (`run`), as kubectl keeps one command a file; `inputs` has what they
+read and share."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from pdmtp import __version__
-from pdmtp.cli import crd, docs, plan, render, rollout, run, validate
+from pdmtp.cli import crd, docs, plan, render, rollout, run, validate, verify
 from pdmtp.cli.inputs import EXIT_UNUSABLE, Subparsers, UnusableInput
 
 
@@ -23,7 +24,7 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-COMMANDS: tuple[Command, ...] = (crd, docs, validate, render, plan, rollout, run)
+COMMANDS: tuple[Command, ...] = (crd, docs, validate, render, plan, rollout, verify, run)
 """In the order `pdmtp --help` lists them."""
 
 

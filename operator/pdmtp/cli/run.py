@@ -35,10 +35,17 @@ def add_parser(subparsers: Subparsers) -> None:
         "--metrics-source",
         metavar="http|dir:PATH",
         help=(
-            "where the autoscaler reads the engines' metrics: http (default) scrapes each engine "
+            "where the autoscaler and the verdict read the engines' metrics: http (default) "
+            "scrapes each engine "
             "pod's metrics-only port; dir:PATH reads PATH/<namespace>/<pod>.prom (tests whose "
             "pod IPs are fake)"
         ),
+    )
+    p.add_argument(
+        "--verification-interval-seconds",
+        type=float,
+        default=15.0,
+        help="scrape each PDDeployment's engines this often for its verdict (spec.verification)",
     )
     p.add_argument(
         "--unwatched-grace-seconds",
@@ -105,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         workers=args.workers,
         grace_seconds=args.unwatched_grace_seconds or GRACE_SECONDS,
+        verification_seconds=args.verification_interval_seconds,
     )
     try:
         source = source_from(args.metrics_source)

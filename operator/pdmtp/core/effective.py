@@ -85,6 +85,7 @@ FIELD_GROUPS: Mapping[str, Group] = {
     "router.resources": "role",
     "rollout": "unhashed",
     "autoscaling": "unhashed",
+    "verification": "unhashed",
     "revisionHistoryLimit": "unhashed",
 }
 """`rollout` is unhashed whole, drainSeconds included: it times the operator's drain of a retiring

@@ -198,6 +198,9 @@ class Policy:
     paused: bool = False
     canary_percent: int | None = None
     """Hold at this share of the new revision until promoted (None: no canary, or promoted)."""
+    verifying: bool = False
+    """The update revision awaits its verdict: no old revision is un-routed, each keeps a pod
+    of each role (a rollback must find it serving)."""
 
 
 @dataclass(frozen=True)
@@ -401,7 +404,7 @@ def _plan(
     available = {r: reachable_ready((update, *olds), r) for r in ENGINE_ROLES}
     old_plans: list[RevisionPlan] = []
     requeue: float | None = None
-    may_unroute = True
+    may_unroute = not policy.verifying
     for old in olds:
         anchor = hold is not None and old.revision == hold.anchor
         least = hold.keep if hold is not None and anchor else None
@@ -506,6 +509,8 @@ def _under_way(update: RevisionState, olds: Sequence[RevisionState]) -> bool:
 
 
 def _why_blocked(policy: Policy) -> str:
+    if policy.verifying:
+        return "the old revision keeps its last pods until the new revision is Verified"
     if policy.max_surge == 0 and policy.max_unavailable == 0:
         return (
             "maxSurge and maxUnavailable are both 0: no pod may be added or removed; "

@@ -25,7 +25,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core import budgets, groups, names, status
+from pdmtp.core import budgets, groups, names, status, verification
 from pdmtp.core.actions import (
     Action,
     Annotate,
@@ -100,7 +100,8 @@ class Observed:
     Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions,
     PDRoleScales, PodGroups, PodDisruptionBudgets), labelled with its name."""
     metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
-    """The engine pods' latest scrapes by pod name (only with spec.autoscaling)."""
+    """The engine pods' latest scrapes by pod name (with spec.autoscaling, or a
+    spec.verification.mode other than Off)."""
     workload_api: str | None = None
     """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`, ...), None
     when it serves none: a multi-node spec is refused then (`others` then holds no PodGroup)."""
@@ -260,11 +261,17 @@ def decide(observed: Observed, now: float) -> Decision:
         for o in observed.others
         if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == name
     ]
+    # What each revision's decodes did (`core.verification`), and what that holds back.
+    judged = verification.verdicts(pdd.spec.verification, states, raw_pods, observed.metrics)
     health = Health(
         engine_failures(raw_pods),
         crash_looping(raw_pods),
         unschedulable(raw_pods),
         waits(raw_pods, mine, budgets_seen, now, cordoned=observed.cordoned),
+        verification.gate(
+            pdd.spec.verification,
+            judged.get(spec_target.revision) if spec_target.revision is not None else None,
+        ),
     )
     promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
     steering = steer(
@@ -320,7 +327,7 @@ def decide(observed: Observed, now: float) -> Decision:
     # What the step waits for: the pods, budgets and drains above, and the removal gate's holds.
     facts = ordered([*health.waits, *listed_waits(removal.waiting)])
     seen = status.Observations(
-        states, step, health.failures, health.waiting, rejected_pods(mine), facts
+        states, step, health.failures, health.waiting, rejected_pods(mine), facts, judged
     )
     share = canary_traffic(states, target.revision) if step.outcome == "Held" else None
     record = track(old.rollout, steering, step, states, now, share)

@@ -10,8 +10,12 @@ there, as a Deployment keeps its own in its Progressing condition):
   becomes that revision (the most established one) and the failed revision is remembered in the
   status, so it is not retried until the spec changes; with `Hold` the rollout stays where it
   is and says so;
+- a verdict (`core.verification`): a new revision found Failed while an older one serves fails
+  as above; with spec.verification.mode Gate the old revision keeps its last pods until the new
+  one is Verified (`Policy.verifying`), and a verdict not reached by the deadline fails it;
 - `paused` freezes the planner; a `canary` holds the new revision at its share until the
-  PDDeployment carries the `pdmtp.io/promote: <revision>` annotation.
+  PDDeployment carries the `pdmtp.io/promote: <revision>` annotation (or, with autoPromote,
+  until the new revision is Verified). Promotion by hand also releases a verdict's hold.
 
 `track` turns the step into the status's rollout record.
 """
@@ -19,13 +23,14 @@ there, as a Deployment keeps its own in its Progressing condition):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.observe import PodIssue, Wait, describe, format_time, parse_time
 from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
+from pdmtp.core.verification import Gate
 
 
 @dataclass(frozen=True)
@@ -40,12 +45,16 @@ class Steering:
     rollback_revision: str | None = None
     failure: str | None = None
     """Why the spec's revision failed (now or earlier); None while it has not."""
+    failed_verdict: str | None = None
+    """The verdict's reason, when the failure is the revision's verdict (`core.verification`)."""
     new_failure: bool = False
     """The failure was found in this reconcile (worth an event)."""
     deadline: bool = False
     """The failure is the progress deadline (else an engine's refusal or crash loop)."""
     promoted: bool = False
     """A canary hold was released by promotion in this reconcile."""
+    awaiting_verdict: str | None = None
+    """Why the old revision keeps its last pods (spec.verification.mode Gate); None if free."""
 
     @property
     def rolling_back(self) -> bool:
@@ -61,6 +70,8 @@ class Health:
     waiting: Sequence[PodIssue] = ()
     waits: Sequence[Wait] = ()
     """What an unfinished step waits for, every revision and role (`observe.waits`)."""
+    verification: Gate = field(default_factory=Gate)
+    """What the spec revision's verdict does to its rollout (`verification.gate`)."""
 
 
 def steer(
@@ -95,8 +106,13 @@ def steer(
             failed_generation=generation,
             rollback_revision=back,
             failure=old.failure,
+            failed_verdict=old.failed_verdict,
         )
     failure, deadline = failure_of(revision, spec, health, old, now, states)
+    failed_verdict = None
+    if failure is None and anchor is not None:
+        # A verdict is a rollout's failure only while an older revision serves beside it.
+        failure, failed_verdict = health.verification.failure, health.verification.finding
     if failure is not None and spec.rollout.on_failure == "Rollback" and anchor is not None:
         return Steering(
             replace(target, revision=anchor),
@@ -106,19 +122,32 @@ def steer(
             failed_generation=generation,
             rollback_revision=anchor,
             failure=failure,
+            failed_verdict=failed_verdict,
             new_failure=True,
             deadline=deadline,
         )
     canary = spec.rollout.canary
-    held = canary is not None and promoted != revision
+    by_hand = promoted == revision
+    verified = canary is not None and canary.auto_promote and health.verification.verified
+    held = canary is not None and not by_hand and not verified
     released = canary is not None and not held and old is not None and old.phase == "CanaryHold"
+    # The user's promotion overrides the verdict, as it does the canary hold.
+    awaiting = None if by_hand or anchor is None else health.verification.awaiting
     steered = replace(
         policy,
         paused=spec.rollout.paused,
         canary_percent=canary.percent if canary is not None and held else None,
+        verifying=awaiting is not None,
     )
     return Steering(
-        target, steered, revision, failure=failure, promoted=released, deadline=deadline
+        target,
+        steered,
+        revision,
+        failure=failure,
+        failed_verdict=failed_verdict,
+        promoted=released,
+        deadline=deadline,
+        awaiting_verdict=awaiting,
     )
 
 
@@ -155,6 +184,8 @@ def failure_of(
     deadline = spec.rollout.progress_deadline_seconds
     if since is None or now - since <= deadline:
         return None, False
+    if health.verification.awaiting is not None:
+        return f"not Verified within {deadline}s: {health.verification.awaiting}", True
     return f"no progress for {deadline}s: {waiting_for(revision, spec, health, states)}", True
 
 
@@ -227,6 +258,7 @@ def track(
         last_progress_at=stamp if moved or old is None else old.last_progress_at,
         progress=marker,
         failure=steering.failure,
+        failed_verdict=steering.failed_verdict,
         failed_revision=steering.failed_revision,
         failed_generation=steering.failed_generation,
         rollback_revision=steering.rollback_revision,

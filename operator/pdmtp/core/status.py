@@ -8,7 +8,7 @@ the schema does not have cannot be written, and the schema and the writer cannot
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -32,6 +32,8 @@ from pdmtp.core.observe import PodIssue, Wait, describe
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
 from pdmtp.core.rollout import Steering
 from pdmtp.core.scaling import Scaling
+from pdmtp.core.verdict import Outcome, Verdict
+from pdmtp.core.verification import as_status
 
 Obj = Mapping[str, Any]
 
@@ -207,6 +209,13 @@ def _controlled(
             + "; promote it with `pdmtp rollout promote`"
             + _naming(facts),
         )
+    if steering is not None and steering.awaiting_verdict is not None and step.blocked:
+        return _progress(
+            "True",
+            reasons.AWAITING_VERDICT,
+            f"rolling to {target.revision}: the old revision keeps its last pods until "
+            f"{target.revision} is Verified, {steering.awaiting_verdict}",
+        )
     return None
 
 
@@ -232,6 +241,51 @@ def _waiting(seen: Observations, target: Target) -> ConditionUpdate:
         )
     return _progress(
         "True", reasons.ROLLOUT_IN_PROGRESS, f"{what} {target.revision}{_naming(seen.waits)}"
+    )
+
+
+_VERDICT_STATUS: Mapping[Outcome, Literal["True", "False", "Unknown"]] = {
+    Outcome.VERIFIED: "True",
+    Outcome.FAILED: "False",
+    Outcome.PENDING: "Unknown",
+}
+
+
+def verified(
+    spec: PDDeploymentSpec,
+    verdicts: Mapping[str, Verdict],
+    update: str | None,
+    steering: Steering | None = None,
+) -> ConditionUpdate:
+    """The update revision's verdict (`core.verification`); once it was rolled back for it, the
+    verdict that failed it."""
+    if spec.verification.mode == "Off":
+        return ConditionUpdate(
+            reasons.VERIFIED, "Unknown", reasons.VERIFICATION_OFF, "spec.verification.mode is Off"
+        )
+    verdict = verdicts.get(update) if update is not None else None
+    if (
+        steering is not None
+        and steering.failed_verdict is not None
+        and steering.failed_revision == update
+        and (verdict is None or verdict.outcome != Outcome.FAILED)
+    ):
+        return ConditionUpdate(
+            reasons.VERIFIED,
+            "False",
+            steering.failed_verdict,
+            f"revision {update} failed its verdict and was rolled back: {steering.failure}",
+        )
+    if verdict is None:
+        return ConditionUpdate(
+            reasons.VERIFIED,
+            "Unknown",
+            reasons.NO_METRICS,
+            f"revision {update} has no decode pods yet" if update else "no revision yet",
+        )
+    status = _VERDICT_STATUS[verdict.outcome]
+    return ConditionUpdate(
+        reasons.VERIFIED, status, verdict.finding.value, f"revision {update}: {verdict.message}"
     )
 
 
@@ -307,7 +361,10 @@ def phase(state: RevisionState) -> Literal["Starting", "Serving", "Draining", "R
     return "Retired"
 
 
-def revision_table(states: Sequence[RevisionState]) -> list[RevisionStatus]:
+def revision_table(
+    states: Sequence[RevisionState], verdicts: Mapping[str, Verdict] | None = None
+) -> list[RevisionStatus]:
+    judged = verdicts or {}
     return [
         RevisionStatus(
             revision=s.revision,
@@ -315,6 +372,7 @@ def revision_table(states: Sequence[RevisionState]) -> list[RevisionStatus]:
             prefill=f"{s.prefill.ready}/{s.prefill.replicas}",
             decode=f"{s.decode.ready}/{s.decode.replicas}",
             routers=s.router.ready,
+            verification=as_status(judged[s.revision]) if s.revision in judged else None,
         )
         for s in states
     ]
@@ -335,6 +393,8 @@ class Observations:
     """Workloads whose pods the API server refuses."""
     waits: Sequence[Wait] = ()
     """What an unfinished step waits for, ordered (`observe.waits`)."""
+    verdicts: Mapping[str, Verdict] = field(default_factory=dict)
+    """Each revision's verdict (`core.verification`; none with spec.verification.mode Off)."""
 
 
 def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
@@ -372,6 +432,7 @@ def build(
         available(seen.states, _declared_minimum(spec, target), policy),
         progressing(agreement, seen.step, seen, target, current, refused, steering, record),
         degraded(seen.failures, steering),
+        verified(spec, seen.verdicts, update, steering),
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
     roles = role_counts(seen.states, spec, update, None if scaling is None else scaling.desired)
@@ -391,7 +452,7 @@ def build(
         roles=roles,
         autoscaling=None if scaling is None else scaling.status,
         waiting_for=waiting,
-        revisions=revision_table(seen.states),
+        revisions=revision_table(seen.states, seen.verdicts),
         conditions=conditions,
     )
     return status, transitions

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from pdmtp.api import reasons
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.scaling import PodMetrics
 
@@ -31,23 +32,18 @@ class Outcome(StrEnum):
 
 
 class Finding(StrEnum):
-    """Why the verdict is what it is; the first that applies, in this order of precedence."""
+    """Why the verdict is what it is (the Verified condition's reason, `pdmtp.api.reasons`); the
+    first that applies, in this order of precedence."""
 
-    NO_METRICS = "NoMetrics"
-    """No decode pod of the revision has been scraped."""
-    NOT_REPORTED = "HandoffNotReported"
-    """Its decodes export metrics but no hand-off counts: an engine without the fixed connector."""
-    PULL_FAILED = "KVPullFailed"
-    """A decode failed to receive a prefill's KV."""
-    DECODE_ONLY = "DecodeOnlyFallback"
-    """A decode served a request with no prefill's KV."""
-    BACKOFF_MISMATCH = "BackoffMismatch"
-    """The tokens the decodes recomputed per request are not the backoff the operator derived."""
-    AWAITING_REQUESTS = "AwaitingRequests"
-    AWAITING_DRAFTS = "AwaitingDrafts"
-    ACCEPTANCE_REGRESSED = "AcceptanceRegressed"
-    """Accepted tokens per draft fell below the reference by more than the tolerance."""
-    VERIFIED = "HandoffVerified"
+    NO_METRICS = reasons.NO_METRICS
+    NOT_REPORTED = reasons.HANDOFF_NOT_REPORTED
+    PULL_FAILED = reasons.KV_PULL_FAILED
+    DECODE_ONLY = reasons.DECODE_ONLY_FALLBACK
+    BACKOFF_MISMATCH = reasons.BACKOFF_MISMATCH
+    AWAITING_REQUESTS = reasons.AWAITING_REQUESTS
+    AWAITING_DRAFTS = reasons.AWAITING_DRAFTS
+    ACCEPTANCE_REGRESSED = reasons.ACCEPTANCE_REGRESSED
+    VERIFIED = reasons.HANDOFF_VERIFIED
 
 
 @dataclass(frozen=True)
@@ -81,8 +77,9 @@ class Handoff:
 class Rules:
     """How a verdict is reached; the defaults are the spec's (`pdmtp.api`) once it has them."""
 
-    expected_backoff: int
-    """The backoff the operator derived from the lookahead (`pdmtp.core.lookahead`)."""
+    expected_backoff: int | None
+    """The backoff the operator derived from the lookahead (`pdmtp.core.lookahead`); None where
+    it could not (the decode pod does not say), and the recomputed tokens are not judged."""
     min_requests: int = 8
     """Pulled requests needed before a revision can be Verified."""
     min_drafts: int = 32
@@ -99,6 +96,8 @@ class Verdict:
     finding: Finding
     message: str
     handoff: Handoff
+    expected_backoff: int | None = None
+    """The backoff it was judged against (`Rules.expected_backoff`)."""
 
 
 _COUNTS = {
@@ -154,7 +153,7 @@ def judge(candidate: Handoff, reference: Handoff | None, rules: Rules) -> Verdic
     revision that serves beside it (None where it is the only one)."""
 
     def verdict(outcome: Outcome, finding: Finding, message: str) -> Verdict:
-        return Verdict(outcome, finding, message, candidate)
+        return Verdict(outcome, finding, message, candidate, rules.expected_backoff)
 
     c = candidate
     if c.reporting_pods == 0:
@@ -181,14 +180,17 @@ def judge(candidate: Handoff, reference: Handoff | None, rules: Rules) -> Verdic
     per_request = c.backoff_per_request
     # A prompt no longer than the backoff is pulled whole, so the mean may fall below the
     # backoff, never above it; none recomputed at all is the stock connector's behaviour.
-    if per_request is not None and (
-        per_request > rules.expected_backoff or (rules.expected_backoff > 0 and per_request == 0)
+    expected_backoff = rules.expected_backoff
+    if (
+        per_request is not None
+        and expected_backoff is not None
+        and (per_request > expected_backoff or (expected_backoff > 0 and per_request == 0))
     ):
         return verdict(
             Outcome.FAILED,
             Finding.BACKOFF_MISMATCH,
             f"the decodes recomputed {per_request:.2f} prompt token(s) per request, "
-            f"the derived backoff is {rules.expected_backoff}",
+            f"the derived backoff is {expected_backoff}",
         )
     if c.requests < rules.min_requests:
         return verdict(
@@ -216,8 +218,9 @@ def judge(candidate: Handoff, reference: Handoff | None, rules: Rules) -> Verdic
     return verdict(
         Outcome.VERIFIED,
         Finding.VERIFIED,
-        f"{c.requests:g} request(s) pulled KV with the backoff of {rules.expected_backoff}, "
-        "no failure"
+        f"{c.requests:g} request(s) pulled KV"
+        + ("" if expected_backoff is None else f" with the backoff of {expected_backoff}")
+        + ", no failure"
         + ("" if c.acceptance is None else f", {c.acceptance:.2f} accepted token(s) per draft"),
     )
 

@@ -1,0 +1,267 @@
+"""The verdict on a real API server (issue 41): the operator reads each decode pod's hand-off
+counts (KWOK's pod IPs are fake and never dialled: it runs with `--metrics-source dir:` and the
+test writes what each revision's decodes would export), judges each revision, and acts on it:
+
+- a canary with autoPromote whose new revision accepts fewer drafts is rolled back by itself,
+  the reason in status, an event and `pdmtp verify`'s exit code; a healthy one promotes itself;
+- under mode Gate, a paired roll keeps the old revision's last pods until the new revision is
+  Verified: one whose pulls fail is rolled back without the old revision ever being retired, a
+  healthy one completes once its decodes have pulled enough.
+
+The invariant watcher checks every Pod and Deployment event of each roll."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from cluster.kubehelpers import Cluster, wait_for
+from kubernetes import client
+from operator_harness import (
+    OperatorProcess,
+    RolloutWatcher,
+    condition,
+    create_pdd,
+    get_pdd,
+    patch_spec,
+    ready_after,
+    wait_settled,
+)
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.core.agreement import check
+from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.verifyctl import EXIT_FAILED, EXIT_VERIFIED
+
+PDMTP = Path(sys.executable).parent / "pdmtp"
+
+
+def handoff(
+    requests: int,
+    backoff: int,
+    *,
+    failed: int = 0,
+    drafts: int = 0,
+    accepted: int = 0,
+) -> str:
+    """A decode's metrics as the engine image exports them: the fixed connector's hand-off
+    counters and vLLM's failed receives and spec-decode counters."""
+    labels = '{model_name="m",engine="0"}'
+    series = {
+        "pdmtp:kv_pulled_requests": requests,
+        "pdmtp:kv_pulled_tokens": requests * 64,
+        "pdmtp:kv_backoff_tokens": requests * backoff,
+        "pdmtp:kv_decode_only_requests": 0,
+        "vllm:mooncake_num_failed_recvs": failed,
+        "vllm:spec_decode_num_drafts": drafts,
+        "vllm:spec_decode_num_accepted_tokens": accepted,
+    }
+    return "".join(
+        f"# TYPE {name}_total counter\n{name}_total{labels} {value}\n"
+        for name, value in series.items()
+    )
+
+
+@dataclass
+class HandoffFiles:
+    """What each revision's decode pods report: a thread writes `<dir>/<namespace>/<pod>.prom`
+    for every decode pod of a revision in `by_revision`, each second (a revision not in it
+    reports nothing, as a pod not scraped yet)."""
+
+    api: client.ApiClient
+    root: Path
+    namespace: str
+    name: str
+    by_revision: dict[str, str] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> HandoffFiles:
+        (self.root / self.namespace).mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        core = client.CoreV1Api(self.api)
+        while not self._stop.wait(0.5):
+            try:
+                pods = core.list_namespaced_pod(
+                    self.namespace,
+                    label_selector=f"{v.LABEL_NAME}={self.name},{v.LABEL_ROLE}=decode",
+                ).items
+            except Exception:
+                continue
+            for p in pods:
+                text = self.by_revision.get((p.metadata.labels or {}).get(v.LABEL_REVISION, ""))
+                if text is not None:
+                    (self.root / self.namespace / f"{p.metadata.name}.prom").write_text(text)
+
+
+@pytest.fixture
+def judging(
+    cluster: Cluster, crd: None, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator, scraping for verdicts every second."""
+    op = OperatorProcess(
+        cluster.kubeconfig,
+        [namespace],
+        tmp_path / "operator.log",
+        extra_args=["--verification-interval-seconds", "1"],
+    )
+    op.start()
+    yield op
+    op.stop()
+    print("---- operator log ----\n" + op.log_tail(150))
+
+
+def verify(cluster: Cluster, namespace: str, name: str, timeout: float = 0) -> Any:
+    return subprocess.run(
+        [str(PDMTP), "verify", name, "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+         "--timeout", str(timeout)],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 60,
+    )  # fmt: skip
+
+
+def watch(cluster: Cluster, namespace: str, name: str, b: PDDBuilder) -> RolloutWatcher:
+    spec = b.build().spec
+    w = RolloutWatcher(cluster.api_client, namespace, name, target_and_policy(check(spec))[1])
+    w.start(spec)
+    return w
+
+
+def revisions(cluster: Cluster, namespace: str) -> set[str]:
+    pods = client.CoreV1Api(cluster.api_client).list_namespaced_pod(namespace).items
+    return {(p.metadata.labels or {}).get(v.LABEL_REVISION, "") for p in pods} - {""}
+
+
+def verified(cluster: Cluster, namespace: str, name: str, status: str, reason: str) -> Any:
+    last: list[Any] = [None]
+
+    def probe() -> Any:
+        c = last[0] = condition(get_pdd(cluster.api_client, namespace, name), "Verified")
+        return c if c is not None and (c["status"], c["reason"]) == (status, reason) else None
+
+    try:
+        return wait_for(probe, f"Verified={status} {reason}", 90, interval=0.5)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; Verified last said {last[0]}") from None
+
+
+HEALTHY_K3 = handoff(20, 2, drafts=200, accepted=300)
+"""numSpeculativeTokens 3 over 3 MTP modules: lookahead 3, backoff 2; 1.5 accepted per draft."""
+
+
+def start(cluster: Cluster, files: HandoffFiles, namespace: str, b: PDDBuilder) -> str:
+    create_pdd(cluster.api_client, namespace, b.dict())
+    old = wait_settled(cluster.api_client, namespace, files.name)["status"]["currentRevision"]
+    files.by_revision[old] = HEALTHY_K3
+    verified(cluster, namespace, files.name, "True", reasons.HANDOFF_VERIFIED)
+    return str(old)
+
+
+def test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_promotes_itself(
+    cluster: Cluster, namespace: str, judging: OperatorProcess
+) -> None:
+    name = "judged"
+    b = ready_after(pdd(name).mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 500)
+    b.rollout(drainSeconds=1, canary={"percent": 50, "autoPromote": True})
+    with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
+        old = start(cluster, files, namespace, b)
+        done = verify(cluster, namespace, name)
+        assert done.returncode == EXIT_VERIFIED, done.stdout + done.stderr
+        assert old in done.stdout and "HandoffVerified" in done.stdout
+
+        watcher = watch(cluster, namespace, name, b)
+        b.mtp(2, modules=3)
+        worse = compat_revision(b.build().spec)
+        # Lookahead 2, backoff 1; 0.5 accepted per draft against the serving 1.5.
+        files.by_revision[worse] = handoff(20, 1, drafts=200, accepted=100)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        failed = verified(cluster, namespace, name, "False", reasons.ACCEPTANCE_REGRESSED)
+        assert worse in failed["message"]
+        wait_for(lambda: revisions(cluster, namespace) == {old}, "the canary gone", 90)
+        obj = get_pdd(cluster.api_client, namespace, name)
+        record = obj["status"]["rollout"]
+        assert record["failedRevision"] == worse and record["rollbackRevision"] == old
+        assert record["failedVerdict"] == reasons.ACCEPTANCE_REGRESSED, record
+        events = client.CoreV1Api(cluster.api_client).list_namespaced_event(namespace).items
+        assert any(e.reason == "RollbackStarted" and "AcceptanceRegressed" in e.message
+                   for e in events)  # fmt: skip
+        done = verify(cluster, namespace, name)
+        assert done.returncode == EXIT_FAILED, done.stdout + done.stderr
+        assert "AcceptanceRegressed" in done.stdout
+
+        # A healthy canary is promoted by its verdict, no `pdmtp rollout promote`.
+        b.mtp(4, modules=4)
+        better = compat_revision(b.build().spec)
+        files.by_revision[better] = handoff(20, 3, drafts=200, accepted=320)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        settled = wait_settled(cluster.api_client, namespace, name, timeout=120)
+        watcher.stop()
+        assert settled["status"]["currentRevision"] == better
+        assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+        done = verify(cluster, namespace, name, timeout=30)
+        assert done.returncode == EXIT_VERIFIED, done.stdout + done.stderr
+
+
+def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls(
+    cluster: Cluster, namespace: str, judging: OperatorProcess
+) -> None:
+    name = "gated"
+    b = ready_after(pdd(name).mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 500)
+    b.rollout(drainSeconds=1).set(verification={"mode": "Gate"})
+    with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
+        old = start(cluster, files, namespace, b)
+        watcher = watch(cluster, namespace, name, b)
+
+        # Pulls that fail: the new revision never takes the old one's last pods, and goes.
+        b.mtp(2, modules=3)
+        failing = compat_revision(b.build().spec)
+        files.by_revision[failing] = handoff(3, 1, failed=2)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        verified(cluster, namespace, name, "False", reasons.KV_PULL_FAILED)
+        wait_for(lambda: revisions(cluster, namespace) == {old}, "the failed revision gone", 90)
+        assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+
+        # Healthy, but silent at first: the roll waits for the verdict with the old revision
+        # serving (the operator killed meanwhile decides the same from what it observes).
+        b.mtp(4, modules=4)
+        healthy = compat_revision(b.build().spec)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+
+        def awaiting() -> Any:
+            c = condition(get_pdd(cluster.api_client, namespace, name), "Progressing")
+            return c if c is not None and c["reason"] == reasons.AWAITING_VERDICT else None
+
+        wait_for(awaiting, "AwaitingVerdict", 90, interval=0.5)
+        judging.restart()
+        wait_for(awaiting, "AwaitingVerdict after a restart", 30, interval=0.5)
+        assert revisions(cluster, namespace) == {old, healthy}
+        files.by_revision[healthy] = handoff(2, 3)  # 4 over both decodes: too few yet
+        verified(cluster, namespace, name, "Unknown", reasons.AWAITING_REQUESTS)
+        assert revisions(cluster, namespace) == {old, healthy}
+        files.by_revision[healthy] = handoff(12, 3, drafts=200, accepted=310)
+        settled = wait_settled(cluster.api_client, namespace, name, timeout=120)
+        watcher.stop()
+        assert settled["status"]["currentRevision"] == healthy
+        assert revisions(cluster, namespace) == {healthy}
+        assert watcher.violations == [], (watcher.violations[:5], watcher.views)

@@ -1,0 +1,346 @@
+"""core.verification and its effect on a rollout: each revision's verdict from its decode pods'
+scrapes, what the spec's mode makes of the update revision's verdict, and how `steer` and the
+planner act on it (rollback on Failed, the old revision held and a canary promoted by itself
+under Gate, the user's promotion overriding)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
+from pdmtp.core.agreement import check
+from pdmtp.core.invariants import InvariantMonitor
+from pdmtp.core.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.promtext import Scrape
+from pdmtp.core.reconcile import Decision
+from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.rollout import Health, steer
+from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.verdict import Finding, Handoff, Outcome, Verdict
+from pdmtp.core.verification import expected_backoff, gate, verdicts
+from pdmtp.simulate import SimCluster, run
+from rollout_strategies import policies, targets
+
+from tests.support.fake_cluster import FakeCluster
+
+NOW = 1_800_000_000.0
+OLD = RevisionState("old", RoleState(2, 2, 2), RoleState(2, 2, 2), RoleState(1, 1, 1), created=1)
+
+
+def decode_pod(name: str, revision: str, backoff: int | None = 2, rank: str | None = None) -> Any:
+    labels = {v.LABEL_REVISION: revision, v.LABEL_ROLE: "decode"}
+    if rank is not None:
+        labels[v.LABEL_GROUP_RANK] = rank
+    env = [] if backoff is None else [{"name": v.ENV_EXPECTED_BACKOFF, "value": str(backoff)}]
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "engine", "env": env}]},
+    }
+
+
+def scrape(
+    requests: float,
+    backoff: float,
+    *,
+    failed: float = 0,
+    drafts: float = 0,
+    accepted: float = 0,
+    decode_only: float = 0,
+) -> PodMetrics:
+    return PodMetrics(
+        Scrape(
+            NOW,
+            kv_pulled_requests=requests,
+            kv_pulled_tokens=requests * 100,
+            kv_backoff_tokens=backoff,
+            kv_decode_only_requests=decode_only,
+            failed_recvs=failed,
+            drafts=drafts,
+            accepted_tokens=accepted,
+        )
+    )
+
+
+def state(revision: str, created: float, routed: bool = True) -> RevisionState:
+    router = RoleState(1, 1, 1) if routed else RoleState()
+    return RevisionState(revision, RoleState(1, 1, 1), RoleState(1, 1, 1), router, created=created)
+
+
+def test_each_revision_is_judged_on_its_own_decodes_against_the_serving_one() -> None:
+    states = [state("old", 1), state("new", 5)]
+    pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new"), decode_pod("n-1", "new")]
+    metrics = {
+        "o-0": scrape(20, 40, drafts=100, accepted=150),
+        "n-0": scrape(5, 10, drafts=50, accepted=40),
+        "n-1": scrape(5, 10, drafts=50, accepted=40),
+    }
+    judged = verdicts(VerificationSpec(), states, pods, metrics)
+    assert judged["old"].outcome == Outcome.VERIFIED
+    # 0.8 accepted per draft against the serving revision's 1.5: regressed.
+    assert judged["new"].finding == Finding.ACCEPTANCE_REGRESSED
+    assert judged["new"].handoff.reporting_pods == 2 and judged["new"].handoff.requests == 10
+    assert judged["new"].expected_backoff == 2
+    assert verdicts(VerificationSpec(mode="Off"), states, pods, metrics) == {}
+
+
+def test_the_backoff_judged_is_the_one_each_revisions_pods_were_started_with() -> None:
+    """An old revision rendered for a lookahead of 3 recomputes 3 per request: it is not held to
+    the spec's new lookahead."""
+    states = [state("old", 1), state("new", 5)]
+    pods = [decode_pod("o-0", "old", backoff=3), decode_pod("n-0", "new", backoff=2)]
+    metrics = {"o-0": scrape(10, 30), "n-0": scrape(10, 30)}
+    judged = verdicts(VerificationSpec(), states, pods, metrics)
+    assert judged["old"].outcome == Outcome.VERIFIED
+    assert judged["new"].finding == Finding.BACKOFF_MISMATCH
+    assert expected_backoff([decode_pod("x", "new", backoff=None)]) is None
+
+
+def test_a_multi_node_group_reports_through_its_leader_only() -> None:
+    pods = [decode_pod("g-0", "new", rank="0"), decode_pod("g-1", "new", rank="1")]
+    metrics = {"g-0": scrape(10, 20), "g-1": scrape(0, 0, failed=5)}
+    judged = verdicts(VerificationSpec(), [state("new", 1)], pods, metrics)
+    assert judged["new"].outcome == Outcome.VERIFIED
+
+
+def verdict(outcome: Outcome, finding: Finding = Finding.VERIFIED) -> Verdict:
+    return Verdict(outcome, finding, "why", Handoff())
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "fails", "awaits", "verified"),
+    [
+        ("Gate", Outcome.FAILED, True, False, False),
+        ("Gate", Outcome.PENDING, False, True, False),
+        ("Gate", Outcome.VERIFIED, False, False, True),
+        ("Rollback", Outcome.FAILED, True, False, False),
+        ("Rollback", Outcome.PENDING, False, False, False),
+        ("Rollback", Outcome.VERIFIED, False, False, True),
+        ("Report", Outcome.FAILED, False, False, False),
+        ("Report", Outcome.VERIFIED, False, False, True),
+        ("Off", Outcome.FAILED, False, False, False),
+    ],
+)
+def test_what_each_mode_makes_of_a_verdict(
+    mode: Any, outcome: Outcome, fails: bool, awaits: bool, verified: bool
+) -> None:
+    g = gate(VerificationSpec(mode=mode), verdict(outcome, Finding.PULL_FAILED))
+    assert (g.failure is not None, g.awaiting is not None, g.verified) == (fails, awaits, verified)
+    assert gate(VerificationSpec(mode=mode), None).failure is None
+
+
+def _steer(
+    b: PDDBuilder, states: list[RevisionState], judged: Outcome | None, promoted: str | None = None
+) -> Any:
+    spec = b.build().spec
+    target, policy = target_and_policy(check(spec))
+    health = Health(
+        verification=gate(spec.verification, None if judged is None else verdict(judged))
+    )
+    return steer(spec, target, policy, states, health, None, NOW, promoted, 1)
+
+
+def _new(b: PDDBuilder) -> RevisionState:
+    rev = target_and_policy(check(b.build().spec))[0].revision
+    assert rev is not None
+    return RevisionState(rev, RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1), created=5)
+
+
+def test_a_failed_verdict_rolls_back_while_an_older_revision_serves() -> None:
+    b = pdd("x").mtp(2, modules=3)
+    new = _new(b)
+    s = _steer(b, [OLD, new], Outcome.FAILED)
+    assert s.rolling_back and s.target.revision == "old"
+    assert s.failure is not None and s.failure.startswith("verification failed")
+    # Nothing older serves: the verdict is reported (Verified False), the rollout is no failure.
+    alone = _steer(b, [new], Outcome.FAILED)
+    assert not alone.rolling_back and alone.failure is None
+    # Hold keeps the rollout where it is.
+    held = _steer(pdd("x").mtp(2, modules=3).rollout(onFailure="Hold"), [OLD, new], Outcome.FAILED)
+    assert not held.rolling_back and held.failure is not None
+
+
+def test_gate_holds_the_old_revision_until_verified_and_a_promotion_overrides() -> None:
+    b = pdd("x").mtp(2, modules=3).set(verification={"mode": "Gate"})
+    new = _new(b)
+    waiting = _steer(b, [OLD, new], Outcome.PENDING)
+    assert waiting.policy.verifying and waiting.awaiting_verdict is not None
+    assert not _steer(b, [OLD, new], Outcome.VERIFIED).policy.verifying
+    assert not _steer(b, [OLD, new], Outcome.PENDING, promoted=new.revision).policy.verifying
+    assert not _steer(b, [new], Outcome.PENDING).policy.verifying  # nothing old to keep
+
+
+def test_a_canary_with_auto_promote_goes_on_once_verified() -> None:
+    b = pdd("x").mtp(2, modules=3).rollout(canary={"percent": 25, "autoPromote": True})
+    new = _new(b)
+    assert _steer(b, [OLD, new], Outcome.PENDING).policy.canary_percent == 25
+    assert _steer(b, [OLD, new], Outcome.VERIFIED).policy.canary_percent is None
+    manual = pdd("x").mtp(2, modules=3).rollout(canary={"percent": 25})
+    assert _steer(manual, [OLD, _new(manual)], Outcome.VERIFIED).policy.canary_percent == 25
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    verified_at=st.integers(0, 60),
+    lag=st.booleans(),
+)
+def test_awaiting_a_verdict_keeps_the_old_revision_routed_then_completes(
+    a: Target, b: Target, policy: Policy, seed: int, verified_at: int, lag: bool
+) -> None:
+    """Simulated whole rollouts under Gate: while the new revision is not Verified, no step
+    un-routes or retires the old one (a rollback must find it serving), every invariant holds,
+    and once Verified the rollout completes."""
+    rng = random.Random(seed)
+    sim = SimCluster.serving("aaaa", a, controller_lag=lag)
+    monitor = InvariantMonitor(policy)
+    verifying = replace(policy, verifying=True)
+    trace = run(sim, monitor, b, rng, policy=verifying, max_ticks=verified_at)
+    assert not trace.complete
+    for _, _, step in trace.steps:
+        old = next(p for p in step.revisions if p.revision == "aaaa")
+        assert old.router > 0 and not old.delete and old.drain_until is None, step
+    assert any(s.revision == "aaaa" and s.serving for s in sim.observe()) or verified_at < 3
+    assert run(sim, monitor, b, rng, max_ticks=3000).complete
+    assert {s.revision for s in sim.observe()} == {"bbbb"}
+
+
+def test_a_settled_roll_awaiting_its_verdict_says_so() -> None:
+    sim = SimCluster.serving("aaaa", Target("aaaa", 2, 2, 1))
+    rng = random.Random(1)
+    monitor = InvariantMonitor(Policy(1, 0, 0))
+    trace = run(
+        sim,
+        monitor,
+        Target("bbbb", 2, 2, 1),
+        rng,
+        policy=Policy(1, 0, 0, verifying=True),
+        max_ticks=200,
+        ready_chance=1.0,
+    )
+    last = trace.steps[-1][2]
+    assert last.blocked and "Verified" in last.reason
+
+
+# ---- through the reconcile ----------------------------------------------------------------------
+
+
+def cluster_of(b: PDDBuilder) -> FakeCluster:
+    obj = b.dict()
+    obj["metadata"].update(namespace="ns", uid="u-1", generation=1)
+    return FakeCluster(obj)
+
+
+def rounds(cluster: FakeCluster, start: float, count: int) -> list[Decision]:
+    out = []
+    for i in range(count):
+        out.append(cluster.reconcile(start + i))
+        cluster.run_pods()
+    return out
+
+
+def decodes(cluster: FakeCluster, revision: str) -> list[str]:
+    return [
+        n
+        for n, p in cluster.pods.items()
+        if p["metadata"]["labels"].get(v.LABEL_ROLE) == "decode"
+        and p["metadata"]["labels"].get(v.LABEL_REVISION) == revision
+    ]
+
+
+def report(cluster: FakeCluster, revision: str, metrics: PodMetrics) -> None:
+    for name in decodes(cluster, revision):
+        cluster.metrics[name] = metrics
+
+
+def condition(cluster: FakeCluster, kind: str) -> dict[str, Any]:
+    return next(c for c in cluster.body["status"]["conditions"] if c["type"] == kind)
+
+
+def revisions(cluster: FakeCluster) -> set[str]:
+    return {p["metadata"]["labels"][v.LABEL_REVISION] for p in cluster.pods.values()}
+
+
+def start(b: PDDBuilder) -> tuple[FakeCluster, str]:
+    cluster = cluster_of(b)
+    rounds(cluster, NOW, 6)
+    (old,) = revisions(cluster)
+    report(cluster, old, scrape(20, 20, drafts=100, accepted=150))  # lookahead 2: backoff 1
+    rounds(cluster, NOW + 6, 2)
+    assert condition(cluster, "Verified")["status"] == "True"
+    return cluster, old
+
+
+def new_revision(cluster: FakeCluster) -> str:
+    cluster.body["spec"]["speculative"]["numSpeculativeTokens"] = 3
+    cluster.body["metadata"]["generation"] += 1
+    return compat_revision(PDDeployment.model_validate(cluster.body).spec)
+
+
+def test_a_new_revision_whose_pulls_fail_is_rolled_back_with_the_reason() -> None:
+    cluster, old = start(pdd("x").mtp(2, modules=3))
+    new = new_revision(cluster)
+    rounds(cluster, NOW + 10, 2)
+    report(cluster, new, scrape(3, 6, failed=2))
+    decisions = rounds(cluster, NOW + 12, 12)
+    status = cluster.body["status"]
+    assert status["rollout"]["phase"] == "RolledBack", status["rollout"]
+    assert status["rollout"]["failure"].startswith("verification failed (KVPullFailed)")
+    assert revisions(cluster) == {old}
+    verified = condition(cluster, "Verified")
+    degraded = condition(cluster, "Degraded")
+    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_PULL_FAILED)
+    assert degraded["reason"] == reasons.ROLLED_BACK and "KVPullFailed" in degraded["message"]
+    said = [e.reason for d in decisions for e in d.events]
+    assert reasons.ROLLBACK_STARTED in said and reasons.KV_PULL_FAILED in said
+
+
+def test_rollback_mode_never_waits_for_a_verdict() -> None:
+    cluster, _ = start(pdd("x").mtp(2, modules=3))
+    new = new_revision(cluster)
+    rounds(cluster, NOW + 10, 16)
+    assert revisions(cluster) == {new}
+    assert condition(cluster, "Verified")["reason"] == reasons.NO_METRICS
+
+
+def test_gate_keeps_the_old_revision_serving_until_the_new_one_is_verified() -> None:
+    cluster, old = start(pdd("x").mtp(2, modules=3).set(verification={"mode": "Gate"}))
+    new = new_revision(cluster)
+    rounds(cluster, NOW + 10, 16)
+    assert revisions(cluster) == {old, new}
+    progressing = condition(cluster, "Progressing")
+    assert progressing["reason"] == reasons.AWAITING_VERDICT, progressing
+    report(cluster, new, scrape(4, 8))  # too few requests yet (lookahead 3: backoff 2)
+    rounds(cluster, NOW + 26, 4)
+    assert revisions(cluster) == {old, new}
+    assert condition(cluster, "Verified")["reason"] == reasons.AWAITING_REQUESTS
+    report(cluster, new, scrape(12, 24, drafts=100, accepted=150))
+    rounds(cluster, NOW + 30, 90)
+    assert revisions(cluster) == {new}
+    assert condition(cluster, "Progressing")["reason"] == reasons.ROLLOUT_COMPLETE
+    table = {r["revision"]: r["verification"] for r in cluster.body["status"]["revisions"]}
+    assert table[new]["verdict"] == "Verified" and table[new]["requests"] == 12
+    assert table[new]["recomputedTokens"] == 24 and table[new]["expectedBackoff"] == 2
+
+
+def test_gate_fails_a_rollout_whose_verdict_does_not_come_by_the_deadline() -> None:
+    b = pdd("x").mtp(2, modules=3).set(verification={"mode": "Gate"})
+    cluster, old = start(b.rollout(progressDeadlineSeconds=30))
+    new_revision(cluster)
+    rounds(cluster, NOW + 10, 12)
+    for i in range(8):
+        cluster.reconcile(NOW + 40 + 10 * i)
+        cluster.run_pods()
+    status = cluster.body["status"]
+    assert status["rollout"]["failure"].startswith("not Verified within 30s"), status["rollout"]
+    assert revisions(cluster) == {old}
