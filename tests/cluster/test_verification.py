@@ -187,10 +187,10 @@ def test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_pro
         assert old in done.stdout and "HandoffVerified" in done.stdout
 
         watcher = watch(cluster, namespace, name, b)
-        b.mtp(2, modules=3)
+        # A rebuilt engine image drafting as before: 0.5 accepted per draft against 1.5.
+        b.set(image="pdmtp-engine:rebuilt")
         worse = compat_revision(b.build().spec)
-        # Lookahead 2, backoff 1; 0.5 accepted per draft against the serving 1.5.
-        files.by_revision[worse] = handoff(20, 1, drafts=200, accepted=100)
+        files.by_revision[worse] = handoff(20, 2, drafts=200, accepted=100)
         watcher.expect(b.build().spec)
         patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
         failed = verified(cluster, namespace, name, "False", reasons.ACCEPTANCE_REGRESSED)
@@ -208,9 +208,9 @@ def test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_pro
         assert "AcceptanceRegressed" in done.stdout
 
         # A healthy canary is promoted by its verdict, no `pdmtp rollout promote`.
-        b.mtp(4, modules=4)
+        b.set(image="pdmtp-engine:fixed")
         better = compat_revision(b.build().spec)
-        files.by_revision[better] = handoff(20, 3, drafts=200, accepted=320)
+        files.by_revision[better] = handoff(20, 2, drafts=200, accepted=310)
         watcher.expect(b.build().spec)
         patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
         settled = wait_settled(cluster.api_client, namespace, name, timeout=120)

@@ -98,10 +98,14 @@ def operator_names() -> set[str]:
 def engine_names() -> set[str]:
     """The sample names of an MTP engine's /metrics (the emulator's, vLLM 0.33.0's names)."""
     # pdmtp_emulator is on sys.path once router.emulator is imported.
+    from pdmtp_emulator.handoff import HandoffCounts
     from pdmtp_emulator.scheduler import Scheduler
 
+    labels = {"model_name": "m", "engine": "0"}
     scheduler = Scheduler(Tuning(), speculative_tokens=2)
-    text = "\n".join(scheduler.metric_lines({"model_name": "m", "engine": "0"})) + "\n"
+    # A decode's hand-off counts too (the fixed connector's and vLLM's failed receives).
+    lines = scheduler.metric_lines(labels) + HandoffCounts(2).metric_lines(Tuning(), labels)
+    text = "\n".join(lines) + "\n"
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 

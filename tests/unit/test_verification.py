@@ -35,14 +35,18 @@ NOW = 1_800_000_000.0
 OLD = RevisionState("old", RoleState(2, 2, 2), RoleState(2, 2, 2), RoleState(1, 1, 1), created=1)
 
 
-def decode_pod(name: str, revision: str, backoff: int | None = 2, rank: str | None = None) -> Any:
+def decode_pod(
+    name: str, revision: str, backoff: int | None = 2, rank: str | None = None, k: int = 3
+) -> Any:
     labels = {v.LABEL_REVISION: revision, v.LABEL_ROLE: "decode"}
     if rank is not None:
         labels[v.LABEL_GROUP_RANK] = rank
     env = [] if backoff is None else [{"name": v.ENV_EXPECTED_BACKOFF, "value": str(backoff)}]
+    drafting = f'{{"method":"mtp","num_speculative_tokens":{k}}}'
+    args = ["--port", "8000", "--speculative-config", drafting]
     return {
         "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "engine", "env": env}]},
+        "spec": {"containers": [{"name": "engine", "env": env, "args": args}]},
     }
 
 
@@ -89,6 +93,21 @@ def test_each_revision_is_judged_on_its_own_decodes_against_the_serving_one() ->
     assert judged["new"].handoff.reporting_pods == 2 and judged["new"].handoff.requests == 10
     assert judged["new"].expected_backoff == 2
     assert verdicts(VerificationSpec(mode="Off"), states, pods, metrics) == {}
+
+
+def test_acceptance_is_compared_only_between_revisions_that_draft_alike() -> None:
+    """Fewer drafted tokens accept fewer per draft: k 3 -> 2 is no regression; the spec's
+    expectedAcceptanceLength is the reference then, where given."""
+    states = [state("old", 1), state("new", 5)]
+    pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new", backoff=1, k=2)]
+    metrics = {
+        "o-0": scrape(20, 40, drafts=100, accepted=210),
+        "n-0": scrape(10, 10, drafts=100, accepted=140),
+    }
+    assert verdicts(VerificationSpec(), states, pods, metrics)["new"].outcome == Outcome.VERIFIED
+    expecting = VerificationSpec(expected_acceptance_length=2.0)
+    judged = verdicts(expecting, states, pods, metrics)["new"]
+    assert judged.finding == Finding.ACCEPTANCE_REGRESSED
 
 
 def test_the_backoff_judged_is_the_one_each_revisions_pods_were_started_with() -> None:

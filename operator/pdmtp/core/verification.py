@@ -3,9 +3,10 @@
 `verdicts` sums every revision's decode pods (a multi-node group through its leader, the only
 rank that serves and reports) over their lifetime and judges it (`core.verdict`): a revision
 against the most established other revision that serves, the serving revision against the
-spec's expected acceptance alone. The backoff a revision is held to is the one its own decode
-pods were started with (their `PDMTP_EXPECTED_PREFILL_BACKOFF`): an old revision is judged by
-the lookahead it was rendered for, not by the spec's.
+spec's expected acceptance alone, and so a revision that drafts differently from the serving
+one (accepted tokens per draft grow with numSpeculativeTokens). The backoff a revision is held
+to is the one its own decode pods were started with (their `PDMTP_EXPECTED_PREFILL_BACKOFF`):
+an old revision is judged by the lookahead it was rendered for, not by the spec's.
 
 `gate` turns the spec's mode and the update revision's verdict into what the rollout does: fail
 (roll back) on Failed, hold the old revision and an auto-promoting canary until Verified.
@@ -61,6 +62,16 @@ def expected_backoff(decode_pods: Iterable[Obj]) -> int | None:
     return None
 
 
+def speculative_config(decode_pods: Iterable[Obj]) -> str | None:
+    """The `--speculative-config` the pods were started with (the first that has one)."""
+    for pod in decode_pods:
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            args = [str(a) for a in container.get("args") or []]
+            if "--speculative-config" in args[:-1]:
+                return args[args.index("--speculative-config") + 1]
+    return None
+
+
 def verdicts(
     spec: VerificationSpec,
     states: Sequence[RevisionState],
@@ -74,16 +85,23 @@ def verdicts(
     anchor = max(serving, key=establishment).revision if serving else None
     handoffs: dict[str, Handoff] = {}
     backoffs: dict[str, int | None] = {}
+    drafting: dict[str, str | None] = {}
     for s in states:
         decodes = _reporting_decodes(pods, s.revision)
         handoffs[s.revision] = lifetime(m for p in decodes if (m := metrics.get(name_of(p))))
         backoffs[s.revision] = expected_backoff(decodes)
-    reference = handoffs.get(anchor) if anchor is not None else None
+        drafting[s.revision] = speculative_config(decodes)
+
+    def reference(revision: str) -> Handoff | None:
+        # Accepted tokens per draft grow with the tokens drafted: a revision is compared with
+        # the serving one only where both draft alike (else with expectedAcceptanceLength).
+        if anchor is None or revision == anchor or drafting[revision] != drafting[anchor]:
+            return None
+        return handoffs[anchor]
+
     return {
         s.revision: judge(
-            handoffs[s.revision],
-            None if s.revision == anchor else reference,
-            rules_of(spec, backoffs[s.revision]),
+            handoffs[s.revision], reference(s.revision), rules_of(spec, backoffs[s.revision])
         )
         for s in states
     }
