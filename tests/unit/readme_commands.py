@@ -443,6 +443,7 @@ REGISTRY: dict[str, Entry] = {
     "pdmtp rollout pause <NAME>": Run((PAUSE,), "and `resume`"),
     "pdmtp rollout promote <NAME>": Run((CANARY,)),
     "pdmtp verify <NAME>": Run((VERIFY_CANARY,), "exit 0 when Verified, 1 once Failed"),
+    "pdmtp verify": Run((VERIFY_CANARY,)),
     "pdmtp rollout history <NAME>": Run((UNDO,)),
     "pdmtp rollout undo <NAME> [--to-revision <N>]": Run((UNDO,)),
     "pdmtp plan --from <OLD> --to <NEW> [--fail-after <S>]": Run(
