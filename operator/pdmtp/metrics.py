@@ -7,6 +7,7 @@ every name they use to this registry (or to the engines' exposition)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -258,19 +259,25 @@ class Metrics:
         self._autoscaling(namespace, name, report)
 
     def _set_current(
-        self, namespace: str, name: str, gauge: Gauge, current: set[tuple[str, ...]]
+        self,
+        namespace: str,
+        name: str,
+        gauge: Gauge,
+        current: set[tuple[str, ...]] | Mapping[tuple[str, ...], float],
     ) -> None:
-        """Set `current` series of `gauge` to 1 and remove those of the last call not in it."""
+        """Set `current` series of `gauge` (to their values, or to 1 for a set) and remove
+        those of the last call not in it."""
+        values = current if isinstance(current, Mapping) else dict.fromkeys(current, 1.0)
         last = self._current.setdefault((namespace, name), {})
-        for gone in last.get(gauge, set()) - current:
+        for gone in last.get(gauge, set()) - values.keys():
             gauge.remove(*gone)
-        for labels in current:
-            gauge.labels(*labels).set(1)
-        last[gauge] = current
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        last[gauge] = set(values)
 
     def _verdicts(self, namespace: str, name: str, report: Report) -> None:
         verdicts: set[tuple[str, ...]] = set()
-        accepting: set[tuple[str, ...]] = set()
+        acceptance: dict[tuple[str, ...], float] = {}
         for revision in report.status.get("revisions", []):
             judged = revision.get("verification")
             if judged is None:
@@ -278,13 +285,9 @@ class Metrics:
             labels = (namespace, name, revision["revision"])
             verdicts.add((*labels, judged["verdict"], judged["reason"]))
             if judged.get("acceptanceLength") is not None:
-                self.acceptance.labels(*labels).set(judged["acceptanceLength"])
-                accepting.add(labels)
+                acceptance[labels] = judged["acceptanceLength"]
         self._set_current(namespace, name, self.verdict, verdicts)
-        last = self._current.setdefault((namespace, name), {})
-        for gone in last.get(self.acceptance, set()) - accepting:
-            self.acceptance.remove(*gone)
-        last[self.acceptance] = accepting
+        self._set_current(namespace, name, self.acceptance, acceptance)
 
     def _autoscaling(self, namespace: str, name: str, report: Report) -> None:
         scaling = report.status.get("autoscaling") or {}

@@ -394,6 +394,16 @@ class RolloutWatcher:
         # lag on the drain check (invariant 4).
         self.monitor = InvariantMonitor(self.policy, tolerance=1.0)
 
+    @classmethod
+    def watching(
+        cls, api: client.ApiClient, namespace: str, name: str, b: PDDBuilder
+    ) -> RolloutWatcher:
+        """A watcher started on the spec `b` builds, under that spec's rollout policy."""
+        spec = b.build().spec
+        watcher = cls(api, namespace, name, target_and_policy(check(spec))[1])
+        watcher.start(spec)
+        return watcher
+
     def start(self, spec: PDDeploymentSpec) -> None:
         """Watch, holding the rollout to `spec` (the one serving now) until `expect` moves it."""
         core, apps = client.CoreV1Api(self.api), client.AppsV1Api(self.api)

@@ -30,8 +30,7 @@ from operator_harness import (
     wait_settled,
 )
 from pdmtp.api import vocabulary as v
-from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
 REFUSE = engine_refusal("lookahead mismatch: operator expects 2, vLLM computes 1")
@@ -51,10 +50,7 @@ def progressing(cluster: Cluster, namespace: str, name: str, reason: str, timeou
 
 
 def watch(cluster: Cluster, namespace: str, name: str, b: PDDBuilder) -> RolloutWatcher:
-    spec = b.build().spec
-    w = RolloutWatcher(cluster.api_client, namespace, name, target_and_policy(check(spec))[1])
-    w.start(spec)
-    return w
+    return RolloutWatcher.watching(cluster.api_client, namespace, name, b)
 
 
 def cli(

@@ -36,8 +36,7 @@ from operator_harness import (
 )
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
 from pdmtp.verifyctl import EXIT_FAILED, EXIT_VERIFIED
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
@@ -138,10 +137,7 @@ def verify(cluster: Cluster, namespace: str, name: str, timeout: float = 0) -> A
 
 
 def watch(cluster: Cluster, namespace: str, name: str, b: PDDBuilder) -> RolloutWatcher:
-    spec = b.build().spec
-    w = RolloutWatcher(cluster.api_client, namespace, name, target_and_policy(check(spec))[1])
-    w.start(spec)
-    return w
+    return RolloutWatcher.watching(cluster.api_client, namespace, name, b)
 
 
 def revisions(cluster: Cluster, namespace: str) -> set[str]:
