@@ -152,14 +152,20 @@ class Kind:
             timeout=timeout + 30,
         )
 
-    def pod_json(self, namespace: str, pod: str, port: int, path: str) -> Any:
-        """GET an engine pod's own HTTP endpoint from inside it (`kubectl exec`, loopback). Not
-        through the API server's pod proxy: that dials from the control-plane node, which the
-        engines' NetworkPolicy rightly refuses once the pod runs on another node."""
+    def pod_json(
+        self, namespace: str, pod: str, port: int, path: str, body: Any | None = None
+    ) -> Any:
+        """GET (POST `body` as JSON, if given) an engine pod's own HTTP endpoint from inside it
+        (`kubectl exec`, loopback). Not through the API server's pod proxy: that dials from the
+        control-plane node, which the engines' NetworkPolicy rightly refuses once the pod runs on
+        another node."""
         url = f"http://127.0.0.1:{port}/{path.lstrip('/')}"
+        data = None if body is None else json.dumps(body).encode()
         fetch = (
             "import sys, urllib.request; "
-            f"sys.stdout.write(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+            f"r = urllib.request.Request({url!r}, data={data!r}, "
+            "headers={'Content-Type': 'application/json'}); "
+            "sys.stdout.write(urllib.request.urlopen(r, timeout=10).read().decode())"
         )
         return json.loads(
             self.kubectl("-n", namespace, "exec", pod, "-c", "engine", "--", "python", "-c", fetch)

@@ -7,9 +7,12 @@ operator in the cluster from the engines' own metrics (it scrapes each decode's 
    no request fails or crosses revisions, the reason is in status and `pdmtp verify` exits 1;
 3. (b) under mode Gate, a paired roll whose pulls fail never retires the old revision's pods and
    rolls back, no request failing (a failed pull is recomputed by the decode);
-4. (c) a healthy canary promotes itself on its verdict and completes, and `pdmtp verify` says so.
+4. (c) a healthy canary promotes itself on its verdict and completes, and `pdmtp verify` says so;
+5. (d) a serving decode whose pulls start failing (its emulator's knob changed while it serves)
+   is replaced: a new pod first, then the failing one leaves its routers and goes, no request
+   failing or crossing revisions, and the revision is Verified again.
 
-Each step changes model.revision (a new revision the emulator does not care about) and the
+Steps 2 to 4 change model.revision (a new revision the emulator does not care about) and the
 decode's emulator knobs (`PDMTP_EMULATOR_*`) in one patch.
 """
 
@@ -19,13 +22,15 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from builders import pdd
 from e2e.kindkit import Kind, LoadRun, wait_for
+from e2e.kindkit import serving as serves
 from pdmtp.api import reasons
-from pdmtp.api.vocabulary import LABEL_NAME, LABEL_REVISION
+from pdmtp.api.vocabulary import LABEL_NAME, LABEL_REVISION, LABEL_ROLE
 from pdmtp.verifyctl import EXIT_FAILED, EXIT_VERIFIED
 
 NAME = "judged"
@@ -102,13 +107,23 @@ def test_1_a_healthy_revision_is_verified(kind: Kind, namespace: str) -> None:
     assert state["serving"] in done.stdout and reasons.HANDOFF_VERIFIED in done.stdout
 
 
-def under_load(kind: Kind, namespace: str, change: dict[str, Any], until: Any, what: str) -> Any:
-    """Apply `change` while a bounded request loop runs; wait for `until`; the loop's summary
-    and what `until` returned, with the seconds it took."""
+def under_load(
+    kind: Kind,
+    namespace: str,
+    change: dict[str, Any] | Callable[[], None],
+    until: Any,
+    what: str,
+) -> Any:
+    """Apply `change` (a patch of the PDDeployment, or a function that makes the change) while a
+    bounded request loop runs; wait for `until`; the loop's summary and what `until` returned,
+    with the seconds it took."""
     run = LoadRun.start(kind, namespace, NAME, max_requests=20_000, max_seconds=400)
     run.wait_sending()
     started = time.monotonic()
-    patch(kind, namespace, change)
+    if callable(change):
+        change()
+    else:
+        patch(kind, namespace, change)
     found = wait_for(until, what, 300, every=2.0)
     seconds = round(time.monotonic() - started, 1)
     run.wait_answers()
@@ -177,3 +192,41 @@ def test_4_a_healthy_canary_promotes_itself(kind: Kind, namespace: str) -> None:
     assert done.returncode == EXIT_VERIFIED, done.stdout + done.stderr
     assert new in done.stdout
     print(f"healthy canary completed in {seconds}s")
+
+
+def decode_pods(kind: Kind, namespace: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in kind.pods(namespace, f"{LABEL_NAME}={NAME},{LABEL_ROLE}=decode")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def test_5_a_serving_decode_whose_pulls_fail_is_replaced(kind: Kind, namespace: str) -> None:
+    serving = kind.pdd(namespace, NAME)["status"]["currentRevision"]
+    (bad,) = decode_pods(kind, namespace)
+    name, uid = bad["metadata"]["name"], bad["metadata"]["uid"]
+
+    def replaced() -> str | None:
+        pods = decode_pods(kind, namespace)
+        gone = all(
+            p["metadata"]["uid"] != uid for p in kind.pods(namespace, f"{LABEL_NAME}={NAME}")
+        )
+        return pods[0]["metadata"]["name"] if gone and len(pods) == 1 and serves(pods[0]) else None
+
+    def fail_pulls() -> None:
+        tuning = kind.pod_json(namespace, name, 8000, "emulator/config", {"pull_failure_rate": 1})
+        assert tuning["pull_failure_rate"] == 1, tuning
+
+    summary, new, seconds = under_load(kind, namespace, fail_pulls, replaced, "the decode replaced")
+    # The failing pod's answers were recomputed (200, no KV provenance) until it left routing.
+    assert all(e.startswith("no KV provenance") for e in summary["errors"]), summary["errors"]
+    assert summary["cross_revision"] == 0, summary["pairs"]
+    assert kind.pdd(namespace, NAME)["status"]["currentRevision"] == serving
+    events = kind.get(
+        "-n", namespace, "events", "--field-selector", f"reason={reasons.REPLACING_POD}"
+    )
+    assert any(name in e["message"] for e in events["items"]), events["items"]
+    done = verify(kind, namespace, timeout=90)
+    assert done.returncode == EXIT_VERIFIED, done.stdout + done.stderr
+    print(f"decode {name} replaced by {new} in {seconds}s")

@@ -46,8 +46,35 @@ def test_validate_json_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         "prefillBackoff": 2,
         "revision": doc["revision"],
         "reasons": [],
+        "verification": {
+            "mode": "Rollback",
+            "minRequests": 8,
+            "minDrafts": 32,
+            "acceptanceTolerancePercent": 10,
+            "expectedAcceptanceLength": None,
+            "replaceAfterFailedPulls": 3,
+        },
     }
     assert len(doc["revision"]) == 8
+
+
+def test_validate_names_the_verification_knobs(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    knobs = {"mode": "Gate", "expectedAcceptanceLength": 1.5, "replaceAfterFailedPulls": 0}
+    path = write(tmp_path, pdd().set(verification=knobs).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert code == 0
+    assert out.splitlines()[1] == (
+        "  verification: Gate (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
+        "expectedAcceptanceLength 1.5, replaceAfterFailedPulls 0)"
+    )
+    path = write(tmp_path, pdd().set(verification={"mode": "Off"}).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert out.splitlines()[1] == "  verification: Off (nothing is judged)"
+    path = write(tmp_path, pdd().set(verification={"replaceAfterFailedPulls": -1}).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert code == 2 and "spec.verification.replaceAfterFailedPulls" in out
 
 
 def test_incompatible_exits_1_naming_the_fields(

@@ -52,6 +52,8 @@ def test_validate_the_full_sample() -> None:
     assert (
         done.stdout == f"samples/full.yaml: compatible (lookahead prefill=3 decode=3, "
         f"prefill backoff 2, revision {rev})\n"
+        "  verification: Rollback (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
+        "replaceAfterFailedPulls 3)\n"
     )
 
 

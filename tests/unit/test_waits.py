@@ -366,9 +366,9 @@ def test_stuck_first_then_by_kind_then_by_object() -> None:
 def test_what_to_fix_first_is_named_first() -> None:
     """What only the user resolves (capacity, an image, a config, a crash loop) comes before a
     budget that holds a drain, and that before what is on its way (starting, not Ready yet,
-    leaving, draining)."""
+    being replaced, leaving, draining)."""
     fix, held = {"Unschedulable", "ImagePull", "ContainerError", "CrashLoop"}, "DisruptionBudget"
-    on_its_way = {"Starting", "NotReady", "ListedByRouter", "Draining"}
+    on_its_way = {"Starting", "NotReady", "Replacing", "ListedByRouter", "Draining"}
     assert set(WAIT_ORDER) == fix | {held} | on_its_way
     assert max(WAIT_ORDER.index(k) for k in fix) < WAIT_ORDER.index(held)
     assert WAIT_ORDER.index(held) < min(WAIT_ORDER.index(k) for k in on_its_way)

@@ -431,6 +431,19 @@ POD_LEAVING: Final = _reason(
     "An engine pod a scale-down removes left its routers first; it is deleted once no router "
     "lists it.",
 )
+REPLACING_POD: Final = _reason(
+    EVENT,
+    "ReplacingPod",
+    "A serving decode's KV receives kept failing (spec.verification.replaceAfterFailedPulls): "
+    "a new pod is started, and the failing one leaves its routers and goes once it is listed "
+    "(a Warning).",
+    symptom="A decode pod replaced while nothing changed in the spec",
+    action=(
+        "One bad pod is replaced and the fault goes with it; if its replacement fails too, the "
+        "fault is the revision's or the prefill's: read the decode's log for Mooncake transfer "
+        "errors. " + _READ_VERIFY
+    ),
+)
 TRAFFIC_STOPPED: Final = _reason(
     EVENT, "TrafficStopped", "A revision's router was turned off; its pods drain."
 )

@@ -146,6 +146,7 @@ WaitReason = Literal[
     "DisruptionBudget",
     "Starting",
     "NotReady",
+    "Replacing",
     "ListedByRouter",
     "Draining",
 ]
@@ -164,7 +165,8 @@ class WaitStatus(Model):
             "Unschedulable (the scheduler's message), ImagePull, ContainerError (a container "
             "that cannot start: config, secret), CrashLoop, DisruptionBudget (a budget that "
             "allows no eviction of its Ready pods while one is on a cordoned node: a drain "
-            "waits), Starting (Pending), NotReady (running, not Ready yet), ListedByRouter "
+            "waits), Starting (Pending), NotReady (running, not Ready yet), "
+            "Replacing (a decode whose KV pulls kept failing, being replaced), ListedByRouter "
             "(leaving, still listed by its routers: the removal gate), Draining (traffic "
             "stopped, drainSeconds running)."
         )

@@ -581,6 +581,17 @@ class VerificationSpec(Model):
             "beside it; unset: acceptance is compared only between revisions."
         ),
     )
+    replace_after_failed_pulls: int = Field(
+        default=3,
+        ge=0,
+        le=100000,
+        description=(
+            "A serving decode pod whose KV receives failed at least this many times between "
+            "its two latest scrapes is replaced (modes Rollback and Gate): a new pod first, "
+            "then the failing one leaves its routers and goes, one pod of a revision at a "
+            "time. 0: never replace."
+        ),
+    )
 
 
 class DisruptionBudgetSpec(Model):

@@ -11,6 +11,7 @@ from typing import Any
 from pdmtp import yamlread
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import VerificationSpec
 from pdmtp.cli.inputs import (
     EXIT_COMPATIBLE,
     EXIT_INCOMPATIBLE,
@@ -70,6 +71,8 @@ class FileVerdict:
     problems: tuple[Problem, ...] = ()
     document: Any = field(default=None, compare=False, repr=False)
     """The object judged, as read (`--server` sends the API server these very values)."""
+    verification: VerificationSpec | None = None
+    """How the operator will judge its revisions (spec.verification, defaults filled in)."""
 
     def as_json(self) -> dict[str, Any]:
         a = self.agreement
@@ -82,6 +85,9 @@ class FileVerdict:
             "prefillBackoff": None if a is None else a.prefill_backoff,
             "revision": self.revision,
             "reasons": [{"reason": p.reason, "message": p.message} for p in self.problems],
+            "verification": None
+            if self.verification is None
+            else self.verification.model_dump(by_alias=True, mode="json"),
         }
 
     def as_text(self) -> str:
@@ -95,7 +101,17 @@ class FileVerdict:
             word = "compatible, but the API server refuses " + ("it" if itself else "its children")
         head = f"{self.source}: {word} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
-        return "\n".join([head, *(f"  {p.line()}" for p in self.problems)])
+        judged = [] if self.verification is None else [f"  {_judged(self.verification)}"]
+        return "\n".join([head, *judged, *(f"  {p.line()}" for p in self.problems)])
+
+
+def _judged(spec: VerificationSpec) -> str:
+    """spec.verification in a line, with the spec's own field names (defaults filled in)."""
+    if spec.mode == "Off":
+        return "verification: Off (nothing is judged)"
+    knobs = {k: val for k, val in spec.model_dump(by_alias=True).items() if k != "mode"}
+    listed = ", ".join(f"{k} {val:g}" for k, val in knobs.items() if val is not None)
+    return f"verification: {spec.mode} ({listed})"
 
 
 def validate_file(path: str) -> list[FileVerdict]:
@@ -119,7 +135,15 @@ def validate_file(path: str) -> list[FileVerdict]:
         code = EXIT_COMPATIBLE if verdict.compatible else EXIT_INCOMPATIBLE
         revision = revision_of(verdict.agreement.settings) if verdict.compatible else None
         verdicts.append(
-            FileVerdict(source, code, verdict.agreement, revision, verdict.problems, doc)
+            FileVerdict(
+                source,
+                code,
+                verdict.agreement,
+                revision,
+                verdict.problems,
+                doc,
+                verdict.pdd.spec.verification,
+            )
         )
     return verdicts
 

@@ -139,4 +139,12 @@ def action_events(actions: Sequence[Action], refused: Collection[str]) -> list[E
                     f"Scaled Deployment/{a.name} from {a.was} to {a.replicas}",
                 )
             )
+        if isinstance(a, Annotate) and (why := a.annotations.get(v.ANNOTATION_REPLACE)):
+            events.append(
+                Event(
+                    "Warning",
+                    reasons.REPLACING_POD,
+                    f"Replacing Pod/{a.name}: {why}; its replacement is listed before it leaves",
+                )
+            )
     return events

@@ -387,11 +387,13 @@ def cordoned_nodes(nodes: Iterable[Obj]) -> frozenset[str]:
 
 
 def removal_view(
-    pods: Iterable[Obj], cordoned: frozenset[str] = frozenset()
+    pods: Iterable[Obj],
+    cordoned: frozenset[str] = frozenset(),
+    replacing: Collection[str] = frozenset(),
 ) -> tuple[list[EnginePod], list[RouterPod]]:
     """One PDDeployment's live engine pods and all its router pods (terminating ones too: they
     serve through their preStop), as `core.removal` decides over them; an engine pod on a
-    `cordoned` node is to be moved (`core.evacuation`)."""
+    `cordoned` node, or one the operator is `replacing`, is to be moved (`core.evacuation`)."""
     engines: list[EnginePod] = []
     routers: list[RouterPod] = []
     for pod in pods:
@@ -414,7 +416,8 @@ def removal_view(
                     released=notes.get(v.ANNOTATION_DELETION_COST) == v.RELEASED_DELETION_COST,
                     created=parse_time(meta.get("creationTimestamp")) or 0.0,
                     template=labels.get("pod-template-hash", ""),
-                    evacuate=(pod.get("spec") or {}).get("nodeName") in cordoned,
+                    evacuate=(pod.get("spec") or {}).get("nodeName") in cordoned
+                    or name_of(pod) in replacing,
                 )
             )
     return engines, routers
@@ -622,6 +625,22 @@ def listed_waits(waiting: Iterable[Waiting]) -> list[Wait]:
             False,
         )
         for w in waiting
+    ]
+
+
+def replacing_waits(pods: Iterable[Obj], replacing: Mapping[str, str]) -> list[Wait]:
+    """Engine pods being replaced (`core.verification.replacements`): why, until they are gone."""
+    return [
+        Wait(
+            f"Pod/{name_of(p)}",
+            labels_of(p).get(v.LABEL_REVISION, ""),
+            labels_of(p).get(v.LABEL_ROLE, ""),
+            "Replacing",
+            f"{replacing[name_of(p)]}; its replacement comes first, then it leaves its routers",
+            False,
+        )
+        for p in pods
+        if name_of(p) in replacing and not is_terminating(p)
     ]
 
 

@@ -61,6 +61,7 @@ from pdmtp.core.observe import (
     parse_time,
     rejected_pods,
     removal_view,
+    replacing_waits,
     revision_membership,
     revision_states,
     unschedulable,
@@ -281,8 +282,17 @@ def decide(observed: Observed, now: float) -> Decision:
 
     # 3. Plan, and hold each scale-down until its pods are out of every router's list.
     step = plan(states, target, policy, now)
-    engines, routers = removal_view(pods, observed.cordoned)
-    # Pods on a cordoned node are replaced, then removed through the gate (`core.evacuation`).
+    # A serving decode whose KV pulls keep failing is marked, and moved as a pod on a cordoned
+    # node is: its replacement first, then out of routing and removed through the gate.
+    to_replace = verification.replacements(
+        pdd.spec.verification,
+        states,
+        raw_pods,
+        observed.metrics,
+        steering.failed_revision if steering.rolling_back else None,
+    )
+    replacing = {**verification.marked(raw_pods), **to_replace}
+    engines, routers = removal_view(pods, observed.cordoned, replacing)
     removal = gate(evacuate(step.revisions, states, engines, policy), states, engines, routers)
 
     # 4. Render and diff.
@@ -295,7 +305,7 @@ def decide(observed: Observed, now: float) -> Decision:
     history = recorded(observed.others, name)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
-    actions += _marks(removal, engines, stamp)
+    actions += _marks(removal, engines, stamp, to_replace)
     for p in removal.plans:
         revision_actions = _revision_actions(
             pdd,
@@ -325,7 +335,9 @@ def decide(observed: Observed, now: float) -> Decision:
 
     # 5. Status and events come from `Decision.report`, after the shell's writes.
     # What the step waits for: the pods, budgets and drains above, and the removal gate's holds.
-    facts = ordered([*health.waits, *listed_waits(removal.waiting)])
+    facts = ordered(
+        [*health.waits, *replacing_waits(raw_pods, replacing), *listed_waits(removal.waiting)]
+    )
     seen = status.Observations(
         states, step, health.failures, health.waiting, rejected_pods(mine), facts, judged
     )
@@ -410,17 +422,27 @@ def _orphan_budgets(name: str, live: Collection[str], others: Sequence[Obj]) -> 
     ]
 
 
-def _marks(removal: Removal, engines: Sequence[EnginePod], stamp: str) -> list[Action]:
-    """The leaving and release marks engine pods must carry after this step."""
+def _marks(
+    removal: Removal,
+    engines: Sequence[EnginePod],
+    stamp: str,
+    replace: Mapping[str, str],
+) -> list[Action]:
+    """The leaving and release marks engine pods must carry after this step, and the replace
+    mark of the pods to start replacing (`replace`: pod -> why)."""
+    changes = {pod: (leaving, released) for pod, leaving, released in removal.changes(engines)}
     out: list[Action] = []
-    for pod, leaving, released in removal.changes(engines):
-        was = next(e for e in engines if e.name == pod)
+    for was in sorted(engines, key=lambda e: e.name):
+        leaving, released = changes.get(was.name, (was.leaving, was.released))
         notes: dict[str, str | None] = {}
+        if was.name in replace:
+            notes[v.ANNOTATION_REPLACE] = replace[was.name]
         if leaving != was.leaving:
             notes[v.ANNOTATION_LEAVING] = stamp if leaving else None
         if released != was.released:
             notes[v.ANNOTATION_DELETION_COST] = v.RELEASED_DELETION_COST if released else None
-        out.append(Annotate(pod, notes, leaving))
+        if notes:
+            out.append(Annotate(was.name, notes, leaving))
     return out
 
 

@@ -10,6 +10,12 @@ an old revision is judged by the lookahead it was rendered for, not by the spec'
 
 `gate` turns the spec's mode and the update revision's verdict into what the rollout does: fail
 (roll back) on Failed, hold the old revision and an auto-promoting canary until Verified.
+
+`replacements` picks the serving decode pods whose KV receives keep failing: each is marked
+(`pdmtp.io/replace`, which says why) and moved as a pod on a cordoned node is, its replacement
+first (`core.evacuation`). One pod of a revision at a time: a fault that is the revision's or the
+prefill's (every new pod fails too) then costs one pod start per round, not the whole role, and
+the revision's Verified condition and the alert already say so.
 """
 
 from __future__ import annotations
@@ -21,10 +27,17 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import VerificationStatus
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.core.observe import labels_of, name_of
+from pdmtp.core.observe import (
+    annotations_of,
+    is_leaving,
+    is_terminating,
+    labels_of,
+    name_of,
+    pod_ready,
+)
 from pdmtp.core.planner import RevisionState, establishment
 from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verdict import Handoff, Outcome, Rules, Verdict, judge, lifetime
+from pdmtp.core.verdict import Handoff, Outcome, Rules, Verdict, judge, lifetime, recent
 
 Obj = Mapping[str, Any]
 
@@ -134,6 +147,57 @@ def gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:
     if spec.mode == "Gate":
         return Gate(awaiting=f"not Verified yet ({verdict.finding}): {verdict.message}")
     return Gate()
+
+
+def marked(pods: Iterable[Obj]) -> dict[str, str]:
+    """The live engine pods already being replaced, and why (their `pdmtp.io/replace` mark)."""
+    return {
+        name_of(p): why
+        for p in pods
+        if (why := annotations_of(p).get(v.ANNOTATION_REPLACE)) is not None
+        and not is_terminating(p)
+    }
+
+
+def replacements(
+    spec: VerificationSpec,
+    states: Sequence[RevisionState],
+    pods: Sequence[Obj],
+    metrics: Mapping[str, PodMetrics],
+    failed_revision: str | None = None,
+) -> dict[str, str]:
+    """The decode pods to start replacing now, and why: Ready, routed, single-node pods of a
+    serving revision (not one being rolled back) whose KV receives failed at least
+    `replaceAfterFailedPulls` times between their two latest scrapes; at most one per revision,
+    and none in a revision that is replacing one already. Modes Rollback and Gate only."""
+    if spec.mode not in ("Rollback", "Gate") or spec.replace_after_failed_pulls == 0:
+        return {}
+    already = marked(pods)
+    busy = {labels_of(p).get(v.LABEL_REVISION) for p in pods if name_of(p) in already}
+    serving = {s.revision for s in states if s.serving and s.revision != failed_revision}
+    out: dict[str, str] = {}
+    for pod in sorted(pods, key=name_of):
+        labels = labels_of(pod)
+        revision = labels.get(v.LABEL_REVISION)
+        if (
+            revision not in serving
+            or revision in busy
+            or labels.get(v.LABEL_ROLE) != "decode"
+            or v.LABEL_GROUP in labels
+            or is_terminating(pod)
+            or is_leaving(pod)
+            or not pod_ready(pod)
+        ):
+            continue
+        scrapes = metrics.get(name_of(pod))
+        failed = recent([scrapes]).failed if scrapes is not None else 0.0
+        if failed >= spec.replace_after_failed_pulls:
+            out[name_of(pod)] = (
+                f"{failed:g} KV receive(s) failed between its two latest scrapes "
+                f"(replaceAfterFailedPulls {spec.replace_after_failed_pulls})"
+            )
+            busy.add(revision)
+    return out
 
 
 def as_status(verdict: Verdict) -> VerificationStatus:

@@ -1,0 +1,239 @@
+"""A serving decode whose KV receives keep failing is replaced (issue 41, d): which pods are
+picked (`core.verification.replacements`), then whole replacements simulated through the real
+`decide`, with what clients reach and maxSurge checked at every step."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from builders import PDDBuilder, pdd
+from pdmtp.api import reasons
+from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
+from pdmtp.core.observe import is_terminating, pod_ready, revision_states
+from pdmtp.core.planner import RevisionState, RoleState, clients_reach
+from pdmtp.core.promtext import Scrape
+from pdmtp.core.reconcile import Decision
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.verification import marked, replacements
+
+from tests.support.fake_cluster import FakeCluster
+
+NOW = 1_800_000_000.0
+SERVING = RevisionState("r", RoleState(1, 1, 1), RoleState(2, 2, 2), RoleState(1, 1, 1), created=1)
+
+
+def decode(name: str, revision: str = "r", **notes: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {v.LABEL_REVISION: revision, v.LABEL_ROLE: "decode"},
+            "annotations": dict(notes),
+        },
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def failing(between: float, before: float = 0.0, at: float = NOW) -> PodMetrics:
+    """Two scrapes 15 s apart: `before` failed receives at the first, `before + between` at the
+    second (a restart in between when that is less)."""
+    return PodMetrics(
+        latest=Scrape(at, kv_pulled_requests=10, failed_recvs=before + between),
+        previous=Scrape(at - 15, kv_pulled_requests=5, failed_recvs=before),
+    )
+
+
+def picked(
+    pods: list[dict[str, Any]],
+    metrics: dict[str, PodMetrics],
+    states: tuple[RevisionState, ...] = (SERVING,),
+    failed_revision: str | None = None,
+    **spec: Any,
+) -> set[str]:
+    rules = VerificationSpec.model_validate(spec)
+    return set(replacements(rules, states, pods, metrics, failed_revision))
+
+
+def test_a_decode_whose_receives_fail_between_two_scrapes_is_picked_and_says_why() -> None:
+    pods = [decode("a"), decode("b")]
+    found = replacements(VerificationSpec(), (SERVING,), pods, {"a": failing(3), "b": failing(0)})
+    assert list(found) == ["a"]
+    assert "3 KV receive(s) failed between its two latest scrapes" in found["a"]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "why"),
+    [
+        ({"a": failing(2)}, "fewer failures than replaceAfterFailedPulls"),
+        ({"a": failing(0, before=50)}, "failures long ago, none since"),
+        ({"a": PodMetrics(latest=Scrape(NOW, failed_recvs=9))}, "one scrape: no window yet"),
+        ({}, "no scrape at all"),
+    ],
+)
+def test_failures_that_do_not_keep_coming_replace_nothing(
+    metrics: dict[str, PodMetrics], why: str
+) -> None:
+    assert picked([decode("a")], metrics) == set(), why
+
+
+def test_a_restarted_engine_counts_from_zero() -> None:
+    assert picked([decode("a")], {"a": failing(-40, before=44)}) == {"a"}  # 44 -> 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ({"mode": "Report"}, "Report only reports"),
+        ({"mode": "Off"}, "Off judges nothing"),
+        ({"replaceAfterFailedPulls": 0}, "0 turns replacement off"),
+    ],
+)
+def test_modes_that_act_on_nothing_replace_nothing(spec: dict[str, Any], why: str) -> None:
+    assert picked([decode("a")], {"a": failing(9)}, **spec) == set(), why
+    assert picked([decode("a")], {"a": failing(9)}, mode="Gate") == {"a"}
+
+
+def test_only_ready_routed_single_node_decodes_of_a_serving_revision_are_picked() -> None:
+    metrics = {n: failing(9) for n in ("ok", "leaving", "unready", "gone", "grouped", "prefill")}
+    pods = [
+        decode("ok"),
+        decode("leaving", **{v.ANNOTATION_LEAVING: "2027-01-15T08:00:00Z"}),
+        {**decode("unready"), "status": {}},
+        {**decode("gone"), "metadata": {**decode("gone")["metadata"], "deletionTimestamp": "x"}},
+    ]
+    grouped = decode("grouped")
+    grouped["metadata"]["labels"][v.LABEL_GROUP] = "g0"
+    prefill = decode("prefill")
+    prefill["metadata"]["labels"][v.LABEL_ROLE] = "prefill"
+    assert picked([*pods, grouped, prefill], metrics) == {"ok"}
+    unrouted = RevisionState("r", RoleState(1, 1, 1), RoleState(2, 2, 2), RoleState(), created=1)
+    assert picked(pods, metrics, states=(unrouted,)) == set(), "a revision nobody reaches"
+    assert picked(pods, metrics, failed_revision="r") == set(), "being rolled back anyway"
+
+
+def test_one_pod_of_a_revision_at_a_time() -> None:
+    metrics = {n: failing(9) for n in ("a", "b", "c")}
+    assert picked([decode("a"), decode("b")], metrics) == {"a"}
+    busy = [decode("a", **{v.ANNOTATION_REPLACE: "why"}), decode("b"), decode("c")]
+    assert picked(busy, metrics) == set()
+    assert marked(busy) == {"a": "why"}
+    other = RevisionState("s", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1))
+    assert picked(
+        [*busy, decode("d", revision="s")], {**metrics, "d": failing(9)}, (SERVING, other)
+    ) == {"d"}
+
+
+# ---- whole replacements, simulated ---------------------------------------------------------------
+
+
+def live_decodes(cluster: FakeCluster) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in cluster.pods.values()
+        if p["metadata"]["labels"].get(v.LABEL_ROLE) == "decode" and not is_terminating(p)
+    ]
+
+
+def settled(cluster: FakeCluster, replicas: int) -> bool:
+    pods = live_decodes(cluster)
+    return len(pods) == replicas and all(pod_ready(p) for p in pods)
+
+
+def reached(cluster: FakeCluster) -> int:
+    deployments = [o for k, o in cluster.objects.items() if k.startswith("Deployment/")]
+    return clients_reach(revision_states(deployments, list(cluster.pods.values())), "decode")
+
+
+def simulate(b: PDDBuilder, seed: int) -> tuple[FakeCluster, list[Decision], float]:
+    obj = b.dict()
+    obj["metadata"].update(namespace="ns", uid="u-1", generation=1)
+    cluster = FakeCluster(obj, rng=random.Random(seed), linger=2)
+    decisions: list[Decision] = []
+    t = NOW
+    replicas = b.dict()["spec"]["decode"]["replicas"]
+    while not settled(cluster, replicas) or reached(cluster) != replicas:
+        decisions.append(cluster.reconcile(t))
+        cluster.run_pods()
+        cluster.tick()
+        t += 1
+        assert t < NOW + 200, "never came up"
+    return cluster, decisions, t
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_a_failing_decode_is_replaced_with_what_clients_reach_held(
+    seed: int, replicas: int
+) -> None:
+    b = pdd("x").decode(replicas=replicas).rollout(drainSeconds=0)
+    cluster, decisions, t = simulate(b, seed)
+    bad = sorted(p["metadata"]["name"] for p in live_decodes(cluster))[seed % replicas]
+    cluster.metrics[bad] = failing(5, at=t)
+    down = range(seed + 2, seed + 4)  # the operator is away for 2 ticks, a different 2 per seed
+    seen: list[str] = []
+    for tick in range(120):
+        if tick not in down:
+            decisions.append(cluster.reconcile(t))
+        cluster.run_pods()
+        cluster.tick()
+        t += 1
+        # The failing pod serves until its replacement is listed: what clients reach never
+        # drops, and maxSurge 1 bounds what runs, terminating pods included.
+        assert reached(cluster) >= replicas, (tick, reached(cluster))
+        everyone = [
+            p
+            for p in cluster.pods.values()
+            if p["metadata"]["labels"].get(v.LABEL_ROLE) == "decode"
+        ]
+        assert len(everyone) <= replicas + 1, len(everyone)
+        waiting = (cluster.body.get("status") or {}).get("waitingFor") or []
+        seen += [w["reason"] for w in waiting if w["object"] == f"Pod/{bad}"]
+        if bad not in cluster.pods and settled(cluster, replicas):
+            break
+    else:
+        raise AssertionError(f"{bad} was never replaced")
+    assert not any(marked(live_decodes(cluster)))
+    (revision,) = {compat_revision(PDDeployment.model_validate(cluster.body).spec)}
+    deployment = cluster.objects[f"Deployment/x-{revision}-decode"]
+    assert deployment["spec"]["replicas"] == replicas
+    warned = [e for d in decisions for e in d.events if e.reason == reasons.REPLACING_POD]
+    assert len(warned) == 1 and f"Pod/{bad}" in warned[0].message, warned
+    assert warned[0].type == "Warning"
+    assert "Replacing" in seen
+
+
+def test_replacements_that_fail_too_go_one_at_a_time() -> None:
+    """A fault of the revision's (every new pod fails as well): never more than one pod marked,
+    never more than maxSurge over the replicas, and the serving capacity held."""
+    cluster, _, t = simulate(pdd("x").decode(replicas=2).rollout(drainSeconds=0), 1)
+    warned = 0
+    for _ in range(150):
+        for p in live_decodes(cluster):
+            if pod_ready(p):
+                cluster.metrics[p["metadata"]["name"]] = failing(5, at=t)
+        decision = cluster.reconcile(t)
+        cluster.run_pods()
+        cluster.tick()
+        t += 1
+        assert len(marked(list(cluster.pods.values()))) <= 1
+        assert reached(cluster) >= 2
+        warned += sum(e.reason == reasons.REPLACING_POD for e in decision.events)
+    # About one pod start per replacement: bounded churn, not the whole role at once.
+    assert 3 <= warned <= 150 // 5, warned
+
+
+def test_report_mode_reports_the_failing_decode_and_replaces_nothing() -> None:
+    b = pdd("x").decode(replicas=2).set(verification={"mode": "Report"})
+    cluster, _, t = simulate(b, 0)
+    names = sorted(p["metadata"]["name"] for p in live_decodes(cluster))
+    cluster.metrics[names[0]] = failing(5, at=t)
+    for i in range(20):
+        cluster.reconcile(t + i)
+        cluster.run_pods()
+        cluster.tick()
+    assert sorted(p["metadata"]["name"] for p in live_decodes(cluster)) == names
+    verified = next(c for c in cluster.body["status"]["conditions"] if c["type"] == "Verified")
+    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_PULL_FAILED)
