@@ -31,6 +31,7 @@ from pdmtp.election import Elector
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
+from pdmtp.probe import HttpTarget, Prober, ProbeTarget
 from pdmtp.scrape import HttpSource, MetricsSource, Scraper
 from pdmtp.workqueue import Key, WorkQueue
 
@@ -97,6 +98,9 @@ class Controller:
     source: MetricsSource = field(default_factory=HttpSource)
     """Where the autoscaler reads the engines' metrics."""
     scraper: Scraper | None = None
+    probes: ProbeTarget = field(default_factory=HttpTarget)
+    """Where the operator's own requests go (`pdmtp.probe`)."""
+    prober: Prober | None = None
     workload_api: str | None = None
     """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`), None when it
     serves none: discovered at start, and while it is None at every resync that finds a
@@ -187,6 +191,8 @@ class Controller:
             verify_seconds=self.options.verification_seconds,
         )
         self.tasks.append(asyncio.create_task(self._scrape(), name="pdmtp-scraper"))
+        self.prober = Prober(self.probes, self.pdds, self.store, self.metrics)
+        self.tasks.append(asyncio.create_task(self._probe(), name="pdmtp-prober"))
 
     def discover_workload_api(self) -> None:
         """Which Workload API version the server serves PodGroups at (None: none). The kube
@@ -224,6 +230,12 @@ class Controller:
         await self.synced.wait()
         await self._leading()  # a standby sends no request to the engines
         await self.scraper.run()
+
+    async def _probe(self) -> None:
+        assert self.prober is not None
+        await self.synced.wait()
+        await self._leading()  # a standby sends no request either
+        await self.prober.run()
 
     async def _await_sync(self) -> None:
         # No reconcile before every child kind is listed: an empty store would read as

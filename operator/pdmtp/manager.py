@@ -25,6 +25,7 @@ from pdmtp.health import serve as serve_health
 from pdmtp.kopfcompat import Insights, resolves
 from pdmtp.kube import Kube
 from pdmtp.metrics import Metrics
+from pdmtp.probe import HttpTarget, ProbeTarget
 from pdmtp.scrape import HttpSource, MetricsSource
 from pdmtp.webhook import MANAGED_CONFIGURATION, WebhookOptions, server
 
@@ -176,12 +177,15 @@ def run(
     webhook: WebhookOptions | None = None,
     source: MetricsSource | None = None,
     election: ElectionOptions | None = None,
+    probes: ProbeTarget | None = None,
 ) -> int:
     """Run the operator until interrupted, or until it loses the leader Lease (`election`;
     None: no election, it always leads); returns the exit status. `health` is where /healthz
     and /readyz listen, `source` where the autoscaler reads the engines' metrics (their pods,
-    by default)."""
-    controller = Controller(kube, options, metrics, source=source or HttpSource())
+    by default), `probes` where the verdict's probe requests go (the routers, by default)."""
+    controller = Controller(
+        kube, options, metrics, source=source or HttpSource(), probes=probes or HttpTarget()
+    )
     fence = unelected() if election is None else Fence(metrics.fenced_writes.inc)
     kube.fence = fence.check
     identity = "" if election is None else election.identity

@@ -25,6 +25,7 @@ LABELS = ("namespace", "name")
 CONDITION_LABELS = (*LABELS, "type", "status", "reason")
 COVERAGE_LABELS = (*LABELS, "role", "signal", "coverage")
 DIRECTIONS = ("up", "down")
+PROBE_RESULTS = ("ok", "failed", "recorded")
 """The autoscaler's decisions, by the way they moved a role's desired count."""
 
 
@@ -166,6 +167,14 @@ class Metrics:
             "pdmtp_revision_acceptance_length",
             "Accepted MTP tokens per draft over a revision's decodes' lifetime.",
             (*LABELS, "revision"),
+            registry=self.registry,
+        )
+        self.probes = Counter(
+            "pdmtp_verification_probes_total",
+            "Requests the operator sent through a revision's router so that its verdict could"
+            " be reached without traffic, by result: ok, failed, or recorded (a test's probe"
+            " target, nothing dialled).",
+            (*LABELS, "result"),
             registry=self.registry,
         )
         self.rollbacks = Counter(
@@ -336,6 +345,9 @@ class Metrics:
             for direction in DIRECTIONS:
                 with contextlib.suppress(KeyError):
                     self.autoscaler_decisions.remove(namespace, name, role, direction)
+        for result in PROBE_RESULTS:
+            with contextlib.suppress(KeyError):
+                self.probes.remove(namespace, name, result)
         for gauge, series in self._current.pop((namespace, name), {}).items():
             for labels in series:
                 gauge.remove(*labels)

@@ -6,16 +6,19 @@ test writes what each revision's decodes would export), judges each revision, an
   the reason in status, an event and `pdmtp verify`'s exit code; a healthy one promotes itself;
 - under mode Gate, a paired roll keeps the old revision's last pods until the new revision is
   Verified: one whose pulls fail is rolled back without the old revision ever being retired, a
-  healthy one completes once its decodes have pulled enough.
+  healthy one completes once its decodes have pulled enough: with no client sending, enough of
+  the operator's own probe requests (recorded, never dialled).
 
 The invariant watcher checks every Pod and Deployment event of each roll."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +81,8 @@ class HandoffFiles:
     root: Path
     namespace: str
     name: str
-    by_revision: dict[str, str] = field(default_factory=dict)
+    by_revision: dict[str, str | Callable[[], str]] = field(default_factory=dict)
+    """Per revision, its decodes' metrics, or what makes them (read at each write)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -105,6 +109,8 @@ class HandoffFiles:
                 continue
             for p in pods:
                 text = self.by_revision.get((p.metadata.labels or {}).get(v.LABEL_REVISION, ""))
+                if callable(text):
+                    text = text()
                 if text is not None:
                     (self.root / self.namespace / f"{p.metadata.name}.prom").write_text(text)
 
@@ -222,7 +228,7 @@ def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls
 ) -> None:
     name = "gated"
     b = ready_after(pdd(name).mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 500)
-    b.rollout(drainSeconds=1).set(verification={"mode": "Gate"})
+    b.rollout(drainSeconds=1).set(verification={"mode": "Gate", "probeRequestsPerMinute": 60})
     with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
         old = start(cluster, files, namespace, b)
         watcher = watch(cluster, namespace, name, b)
@@ -255,9 +261,24 @@ def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls
         files.by_revision[healthy] = handoff(2, 3)  # 4 over both decodes: too few yet
         verified(cluster, namespace, name, "Unknown", reasons.AWAITING_REQUESTS)
         assert revisions(cluster, namespace) == {old, healthy}
-        files.by_revision[healthy] = handoff(12, 3, drafts=200, accepted=310)
+        # No client sends more: the operator's own probes do, through the new revision's router
+        # (recorded to a file, never dialled: the pod IPs are KWOK's), and each one that the
+        # decodes "served" counts as a pulled request, until the verdict is reached.
+        probes = judging.metrics_dir / namespace / f"{name}.probes"
+
+        def sent() -> list[Any]:
+            text = probes.read_text() if probes.exists() else ""
+            return [json.loads(x) for x in text.splitlines()]
+
+        files.by_revision[healthy] = lambda: handoff(2 + len(sent()), 3)
+        started = time.monotonic()
         settled = wait_settled(cluster.api_client, namespace, name, timeout=120)
         watcher.stop()
         assert settled["status"]["currentRevision"] == healthy
         assert revisions(cluster, namespace) == {healthy}
         assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+        routers = {p["router"] for p in sent()}
+        assert {p["revision"] for p in sent()} == {healthy}, sent()
+        assert all(r.startswith(f"{name}-{healthy}-router-") for r in routers), routers
+        # 60 a minute, one at a time: never more than one a second.
+        assert 2 <= len(sent()) <= time.monotonic() - started + 2, len(sent())

@@ -53,6 +53,7 @@ def test_validate_json_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path)
             "acceptanceTolerancePercent": 10,
             "expectedAcceptanceLength": None,
             "replaceAfterFailedPulls": 3,
+            "probeRequestsPerMinute": 12,
         },
     }
     assert len(doc["revision"]) == 8
@@ -67,7 +68,7 @@ def test_validate_names_the_verification_knobs(
     assert code == 0
     assert out.splitlines()[1] == (
         "  verification: Gate (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
-        "expectedAcceptanceLength 1.5, replaceAfterFailedPulls 0)"
+        "expectedAcceptanceLength 1.5, replaceAfterFailedPulls 0, probeRequestsPerMinute 12)"
     )
     path = write(tmp_path, pdd().set(verification={"mode": "Off"}).dict())
     code, out, _ = run_cli("validate", path, capsys=capsys)

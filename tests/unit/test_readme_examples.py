@@ -53,7 +53,7 @@ def test_validate_the_full_sample() -> None:
         done.stdout == f"samples/full.yaml: compatible (lookahead prefill=3 decode=3, "
         f"prefill backoff 2, revision {rev})\n"
         "  verification: Rollback (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
-        "replaceAfterFailedPulls 3)\n"
+        "replaceAfterFailedPulls 3, probeRequestsPerMinute 12)\n"
     )
 
 

@@ -351,14 +351,22 @@ AWAITING_REQUESTS: Final = _reason(
     "AwaitingRequests",
     "Too few requests have pulled KV for a verdict (Pending; spec.verification.minRequests).",
     symptom="A canary or a paired roll in mode Gate waits with traffic low",
-    action="Send traffic through the revision, or promote the canary by hand",
+    action=(
+        "The operator's probes (spec.verification.probeRequestsPerMinute) bring the verdict; "
+        "if they do not, check pdmtp_verification_probes_total with result failed, and that "
+        "the operator reaches the router pods, or promote the canary by hand"
+    ),
 )
 AWAITING_DRAFTS: Final = _reason(
     VERIFIED,
     "AwaitingDrafts",
     "Too few drafts to compare acceptance (Pending; spec.verification.minDrafts).",
     symptom="A canary or a paired roll in mode Gate waits with traffic low",
-    action="Send traffic through the revision, or promote the canary by hand",
+    action=(
+        "The operator's probes (spec.verification.probeRequestsPerMinute) bring the verdict; "
+        "if they do not, check pdmtp_verification_probes_total with result failed, and that "
+        "the operator reaches the router pods, or promote the canary by hand"
+    ),
 )
 HANDOFF_NOT_REPORTED: Final = _reason(
     VERIFIED,

@@ -592,6 +592,17 @@ class VerificationSpec(Model):
             "time. 0: never replace."
         ),
     )
+    probe_requests_per_minute: int = Field(
+        default=12,
+        ge=0,
+        le=600,
+        description=(
+            "Requests a minute the operator sends through a revision's own router while the "
+            "revision's verdict waits for requests or drafts (no traffic to judge it by, e.g. "
+            "a canary at night): small completions, one at a time, only to a revision whose "
+            "router and engines are Ready. 0: send none."
+        ),
+    )
 
 
 class DisruptionBudgetSpec(Model):

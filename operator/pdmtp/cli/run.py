@@ -42,6 +42,16 @@ def add_parser(subparsers: Subparsers) -> None:
         ),
     )
     p.add_argument(
+        "--probe-target",
+        metavar="http|dir:PATH",
+        help=(
+            "where the verdict's probe requests go (spec.verification.probeRequestsPerMinute): "
+            "http sends them through each revision's router pod; dir:PATH appends them to "
+            "PATH/<namespace>/<name>.probes (tests whose pod IPs are fake). Default: the kind "
+            "of --metrics-source"
+        ),
+    )
+    p.add_argument(
         "--verification-interval-seconds",
         type=float,
         default=15.0,
@@ -96,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from pdmtp.kube import Kube
     from pdmtp.manager import run as run_operator
     from pdmtp.metrics import Metrics
+    from pdmtp.probe import target_from
     from pdmtp.scrape import source_from
     from pdmtp.webhook import WebhookOptions
 
@@ -116,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         source = source_from(args.metrics_source)
+        probes = target_from(args.probe_target or args.metrics_source)
     except ValueError as e:
         raise UnusableInput(str(e)) from e
     api = connect(args.kubeconfig)
@@ -151,5 +163,12 @@ def run(args: argparse.Namespace) -> int:
         addr, _, port = args.health_listen.rpartition(":")
         health = (addr, int(port))
     return run_operator(
-        kube, options, metrics, health=health, webhook=webhook, source=source, election=election
+        kube,
+        options,
+        metrics,
+        health=health,
+        webhook=webhook,
+        source=source,
+        election=election,
+        probes=probes,
     )
