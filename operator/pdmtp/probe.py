@@ -113,7 +113,7 @@ class Prober:
         busy = {r for (ns, n, r) in self.in_flight if (ns, n) == key}
         pods = self.store.children(namespace, name).get(POD.kind, [])
         status: Mapping[str, Any] = body.get("status") or {}
-        probes = due(spec.verification, spec.model.name, status, pods, last, now)
+        probes = due(spec.effective_verification, spec.model.name, status, pods, last, now)
         return [p for p in probes if p.revision not in busy]
 
     async def run(self) -> None:

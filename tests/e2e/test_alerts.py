@@ -21,6 +21,8 @@ slowest alert's:
   floor       serves 1P/1D under a 3-pod quota, then     PDMTPBelowMinimumAvailable
               asked for a second decode
   refused     its Service refused by a quota             PDMTPChildWritesRefused
+  unverified  its decode lacks the fixed connector        PDMTPHandoffUnverified
+              (exports no hand-off counts)               (HandoffNotReported)
 
 Before any is broken, the serving ones fire nothing. Not provoked here (see the module's
 NOT_PROVOKED): the operator-level alerts need the operator itself broken.
@@ -244,6 +246,14 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
         .dict(),
         ns,
     )
+    # unverified: the decode's engine lacks the fixed connector (it exports no hand-off counts),
+    # so its verdict fails on the first scrape: no traffic needed.
+    kind.apply(
+        spec(kind, "unverified")
+        .decode(env=[{"name": "PDMTP_EMULATOR_FIXED_CONNECTOR", "value": "0"}])
+        .dict(),
+        ns,
+    )
     # floor: a second decode that the quota refuses.
     patch_pdd(kind, quota_ns, "floor", {"spec": {"decode": {"replicas": 2}}})
     # refused: the quota refuses the client Service.
@@ -267,6 +277,13 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
     alerting.wait_firing("PDMTPAutoscalerMissingMetrics", start, namespace=ns, name="blind")
     alerting.wait_firing("PDMTPEngineFailing", start, namespace=ns, name="crash")
     alerting.wait_firing("PDMTPRolledBack", start, namespace=ns, name="back")
+    alerting.wait_firing(
+        "PDMTPHandoffUnverified",
+        start,
+        namespace=ns,
+        name="unverified",
+        reason="HandoffNotReported",
+    )
 
     every = {str(r["alert"]) for g in alerting.rules["groups"] for r in g["rules"] if "alert" in r}
     table = "\n".join(

@@ -97,6 +97,8 @@ def test_1_available_and_requests_go_prefill_to_decode(kind: Kind, namespace: st
             "pod": prefill["metadata"]["name"],
             "revision": revision,
             "speculative_tokens": 3,
+            # k=3 over 3 MTP modules: lookahead 3, the prefill stops 2 tokens short.
+            "prefill_backoff": 2,
         }
         assert record["decode"]["pod"] == decode["metadata"]["name"]
 

@@ -10,7 +10,9 @@ operator in the cluster from the engines' own metrics (it scrapes each decode's 
 4. (c) a healthy canary promotes itself on its verdict and completes, and `pdmtp verify` says so;
 5. (d) a serving decode whose pulls start failing (its emulator's knob changed while it serves)
    is replaced: a new pod first, then the failing one leaves its routers and goes, no request
-   failing or crossing revisions, and the revision is Verified again.
+   failing or crossing revisions, and the revision is Verified again;
+6. a canary with no traffic at all is judged on the operator's own probe requests and promotes
+   itself.
 
 Steps 2 to 4 change model.revision (a new revision the emulator does not care about) and the
 decode's emulator knobs (`PDMTP_EMULATOR_*`) in one patch.
@@ -230,3 +232,38 @@ def test_5_a_serving_decode_whose_pulls_fail_is_replaced(kind: Kind, namespace: 
     done = verify(kind, namespace, timeout=90)
     assert done.returncode == EXIT_VERIFIED, done.stdout + done.stderr
     print(f"decode {name} replaced by {new} in {seconds}s")
+
+
+def probes_sent(kind: Kind, namespace: str, result: str) -> float:
+    labels = f'name="{NAME}",namespace="{namespace}",result="{result}"'
+    line = f"pdmtp_verification_probes_total{{{labels}}}"
+    found = [x for x in kind.operator_metrics().splitlines() if x.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def test_6_a_canary_with_no_traffic_is_judged_on_the_operators_probes(
+    kind: Kind, namespace: str
+) -> None:
+    """No client sends anything: the operator's own requests, through the canary's router,
+    bring its verdict, and autoPromote completes the roll (a canary deployed at night)."""
+    serving = kind.pdd(namespace, NAME)["status"]["currentRevision"]
+    clients = kind.pods(namespace, "app.kubernetes.io/name=pdmtp-e2e-load")
+    assert not [p for p in clients if p["status"].get("phase") == "Running"], "a client runs"
+    before = probes_sent(kind, namespace, "ok")
+    started = time.monotonic()
+    patch(kind, namespace, faulty("r6"))
+
+    def complete() -> str | None:
+        status = kind.pdd(namespace, NAME).get("status", {})
+        new = status.get("currentRevision")
+        done = (status.get("rollout") or {}).get("phase") == "Complete"
+        return new if done and new != serving and revisions(kind, namespace) == {new} else None
+
+    new = wait_for(complete, "the canary promoted on probes", 300, every=2.0)
+    seconds = round(time.monotonic() - started, 1)
+    sent = probes_sent(kind, namespace, "ok") - before
+    assert sent >= 8, f"{sent} probes answered: fewer than minRequests"  # the verdict needs 8
+    assert probes_sent(kind, namespace, "failed") == 0
+    done = verify(kind, namespace, timeout=30)
+    assert done.returncode == EXIT_VERIFIED and new in done.stdout, done.stdout + done.stderr
+    print(f"\ncanary with no traffic promoted on {sent:g} probes in {seconds}s")

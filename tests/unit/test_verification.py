@@ -161,7 +161,7 @@ def _steer(
     spec = b.build().spec
     target, policy = target_and_policy(check(spec))
     health = Health(
-        verification=gate(spec.verification, None if judged is None else verdict(judged))
+        verification=gate(spec.effective_verification, None if judged is None else verdict(judged))
     )
     return steer(spec, target, policy, states, health, None, NOW, promoted, 1)
 

@@ -921,12 +921,13 @@ class PDDeploymentSpec(Model):
         json_schema_extra=defaulted(RolloutSpec),
         description="Rollout policy for both kinds of rollout.",
     )
-    verification: VerificationSpec = Field(
-        default_factory=VerificationSpec,
-        json_schema_extra=defaulted(VerificationSpec),
+    verification: VerificationSpec | None = Field(
+        default=None,
         description=(
             "Judge each revision on its decodes' hand-off counts and MTP acceptance, and hold "
-            "or roll back rollouts on the verdict. Changing it rolls nothing."
+            "or roll back rollouts on the verdict. Changing it rolls nothing. Unset: every "
+            "default below (mode Rollback); left unset rather than defaulted, so that objects "
+            "stored before it existed read back unchanged."
         ),
     )
     pod: PodSettings | None = Field(
@@ -959,6 +960,11 @@ class PDDeploymentSpec(Model):
     def role(self, role: v.EngineRole) -> RoleSpec:
         """spec.prefill or spec.decode."""
         return v.by_role(role, self.prefill, self.decode)
+
+    @property
+    def effective_verification(self) -> VerificationSpec:
+        """spec.verification, or its defaults where it is unset."""
+        return self.verification or VerificationSpec()
 
 
 class ObjectMeta(Model):

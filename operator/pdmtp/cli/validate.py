@@ -142,7 +142,7 @@ def validate_file(path: str) -> list[FileVerdict]:
                 revision,
                 verdict.problems,
                 doc,
-                verdict.pdd.spec.verification,
+                verdict.pdd.spec.effective_verification,
             )
         )
     return verdicts

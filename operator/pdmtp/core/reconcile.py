@@ -263,14 +263,16 @@ def decide(observed: Observed, now: float) -> Decision:
         if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == name
     ]
     # What each revision's decodes did (`core.verification`), and what that holds back.
-    judged = verification.verdicts(pdd.spec.verification, states, raw_pods, observed.metrics)
+    judged = verification.verdicts(
+        pdd.spec.effective_verification, states, raw_pods, observed.metrics
+    )
     health = Health(
         engine_failures(raw_pods),
         crash_looping(raw_pods),
         unschedulable(raw_pods),
         waits(raw_pods, mine, budgets_seen, now, cordoned=observed.cordoned),
         verification.gate(
-            pdd.spec.verification,
+            pdd.spec.effective_verification,
             judged.get(spec_target.revision) if spec_target.revision is not None else None,
         ),
     )
@@ -285,7 +287,7 @@ def decide(observed: Observed, now: float) -> Decision:
     # A serving decode whose KV pulls keep failing is marked, and moved as a pod on a cordoned
     # node is: its replacement first, then out of routing and removed through the gate.
     to_replace = verification.replacements(
-        pdd.spec.verification,
+        pdd.spec.effective_verification,
         states,
         raw_pods,
         observed.metrics,

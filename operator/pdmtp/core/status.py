@@ -259,7 +259,7 @@ def verified(
 ) -> ConditionUpdate:
     """The update revision's verdict (`core.verification`); once it was rolled back for it, the
     verdict that failed it."""
-    if spec.verification.mode == "Off":
+    if spec.effective_verification.mode == "Off":
         return ConditionUpdate(
             reasons.VERIFIED, "Unknown", reasons.VERIFICATION_OFF, "spec.verification.mode is Off"
         )
