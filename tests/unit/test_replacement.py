@@ -37,12 +37,15 @@ def decode(name: str, revision: str = "r", **notes: str) -> dict[str, Any]:
     }
 
 
-def failing(between: float, before: float = 0.0, at: float = NOW) -> PodMetrics:
+def failing(
+    between: float, before: float = 0.0, at: float = NOW, pulled: float = 0.0
+) -> PodMetrics:
     """Two scrapes 15 s apart: `before` failed receives at the first, `before + between` at the
-    second (a restart in between when that is less)."""
+    second (a restart in between when that is less), and `pulled` pulls that succeeded between
+    them."""
     return PodMetrics(
-        latest=Scrape(at, kv_pulled_requests=10, failed_recvs=before + between),
-        previous=Scrape(at - 15, kv_pulled_requests=5, failed_recvs=before),
+        latest=Scrape(at, kv_pulled_requests=50 + pulled, failed_recvs=before + between),
+        previous=Scrape(at - 15, kv_pulled_requests=50, failed_recvs=before),
     )
 
 
@@ -61,13 +64,14 @@ def test_a_decode_whose_receives_fail_between_two_scrapes_is_picked_and_says_why
     pods = [decode("a"), decode("b")]
     found = replacements(VerificationSpec(), (SERVING,), pods, {"a": failing(3), "b": failing(0)})
     assert list(found) == ["a"]
-    assert "3 KV receive(s) failed between its two latest scrapes" in found["a"]
+    assert "3 KV receive(s) failed and 0 succeeded between its two latest scrapes" in found["a"]
 
 
 @pytest.mark.parametrize(
     ("metrics", "why"),
     [
         ({"a": failing(2)}, "fewer failures than replaceAfterFailedPulls"),
+        ({"a": failing(8, pulled=9)}, "more pulls succeeded: a peer's crash, not this pod"),
         ({"a": failing(0, before=50)}, "failures long ago, none since"),
         ({"a": PodMetrics(latest=Scrape(NOW, failed_recvs=9))}, "one scrape: no window yet"),
         ({}, "no scrape at all"),
@@ -79,8 +83,13 @@ def test_failures_that_do_not_keep_coming_replace_nothing(
     assert picked([decode("a")], metrics) == set(), why
 
 
-def test_a_restarted_engine_counts_from_zero() -> None:
-    assert picked([decode("a")], {"a": failing(-40, before=44)}) == {"a"}  # 44 -> 4
+def test_half_failing_is_enough_and_a_restarted_engine_counts_from_zero() -> None:
+    assert picked([decode("a")], {"a": failing(8, pulled=8)}) == {"a"}
+    restarted = PodMetrics(
+        latest=Scrape(NOW, kv_pulled_requests=2, failed_recvs=4),
+        previous=Scrape(NOW - 15, kv_pulled_requests=90, failed_recvs=44),
+    )
+    assert picked([decode("a")], {"a": restarted}) == {"a"}  # 4 failed, 2 pulled since
 
 
 @pytest.mark.parametrize(

@@ -442,7 +442,8 @@ POD_LEAVING: Final = _reason(
 REPLACING_POD: Final = _reason(
     EVENT,
     "ReplacingPod",
-    "A serving decode's KV receives kept failing (spec.verification.replaceAfterFailedPulls): "
+    "A serving decode's KV receives kept failing, at least as often as they succeeded "
+    "(spec.verification.replaceAfterFailedPulls): "
     "a new pod is started, and the failing one leaves its routers and goes once it is listed "
     "(a Warning).",
     symptom="A decode pod replaced while nothing changed in the spec",

@@ -586,10 +586,10 @@ class VerificationSpec(Model):
         ge=0,
         le=100000,
         description=(
-            "A serving decode pod whose KV receives failed at least this many times between "
-            "its two latest scrapes is replaced (modes Rollback and Gate): a new pod first, "
-            "then the failing one leaves its routers and goes, one pod of a revision at a "
-            "time. 0: never replace."
+            "A serving decode pod whose KV receives failed at least this many times, and at "
+            "least as often as they succeeded, between its two latest scrapes is replaced "
+            "(modes Rollback and Gate): a new pod first, then the failing one leaves its "
+            "routers and goes, one pod of a revision at a time. 0: never replace."
         ),
     )
     probe_requests_per_minute: int = Field(

@@ -168,8 +168,9 @@ def replacements(
 ) -> dict[str, str]:
     """The decode pods to start replacing now, and why: Ready, routed, single-node pods of a
     serving revision (not one being rolled back) whose KV receives failed at least
-    `replaceAfterFailedPulls` times between their two latest scrapes; at most one per revision,
-    and none in a revision that is replacing one already. Modes Rollback and Gate only."""
+    `replaceAfterFailedPulls` times, and at least as often as they succeeded, between their two
+    latest scrapes; at most one per revision, and none in a revision that is replacing one
+    already. Modes Rollback and Gate only."""
     if spec.mode not in ("Rollback", "Gate") or spec.replace_after_failed_pulls == 0:
         return {}
     already = marked(pods)
@@ -190,11 +191,14 @@ def replacements(
         ):
             continue
         scrapes = metrics.get(name_of(pod))
-        failed = recent([scrapes]).failed if scrapes is not None else 0.0
-        if failed >= spec.replace_after_failed_pulls:
+        window = recent([scrapes]) if scrapes is not None else Handoff()
+        # Most of its pulls failed, not a few among many: a peer that crashed costs the pulls
+        # in flight to it, and its routers move on; a decode that cannot pull keeps failing.
+        if window.failed >= spec.replace_after_failed_pulls and window.failed >= window.requests:
             out[name_of(pod)] = (
-                f"{failed:g} KV receive(s) failed between its two latest scrapes "
-                f"(replaceAfterFailedPulls {spec.replace_after_failed_pulls})"
+                f"{window.failed:g} KV receive(s) failed and {window.requests:g} succeeded "
+                f"between its two latest scrapes (replaceAfterFailedPulls "
+                f"{spec.replace_after_failed_pulls})"
             )
             busy.add(revision)
     return out
