@@ -39,10 +39,10 @@ for i in "${!names[@]}"; do
     # -w: its exit status is the command's. A niced lane lowers its autogroup as well.
     if ((niced[i])); then
       setsid -w nice -n 19 sh -c 'echo $$ >"$1"; echo 19 >/proc/self/autogroup 2>/dev/null; exec sh -c "$0"' \
-        "${commands[i]}" "$sessions/$i" 2>&1 | sed -u "s/^/[${names[i]}] /"
+        "${commands[i]}" "$sessions/$i" 2>&1 | tee "$sessions/$i.log" | sed -u "s/^/[${names[i]}] /"
     else
       setsid -w sh -c 'echo $$ >"$1"; exec sh -c "$0"' \
-        "${commands[i]}" "$sessions/$i" 2>&1 | sed -u "s/^/[${names[i]}] /"
+        "${commands[i]}" "$sessions/$i" 2>&1 | tee "$sessions/$i.log" | sed -u "s/^/[${names[i]}] /"
     fi
     rc=${PIPESTATUS[0]}
     echo "$rc $((SECONDS - start))" >"$sessions/$i.done"
@@ -52,7 +52,7 @@ for i in "${!names[@]}"; do
 done
 stop() {
   for f in "$sessions"/[0-9]*; do
-    [[ $f == *.done ]] || pkill -TERM -s "$(cat "$f")" 2>/dev/null
+    [[ $f == *.done || $f == *.log ]] || pkill -TERM -s "$(cat "$f")" 2>/dev/null
   done
   rm -rf "$sessions"
   exit 130
@@ -62,6 +62,14 @@ trap stop INT TERM
 failed=()
 for i in "${!names[@]}"; do
   wait "${pids[i]}" || failed+=("${names[i]}")
+done
+# A failed lane's test failures, repeated last: what a CI record that keeps only the tail shows.
+for i in "${!names[@]}"; do
+  read -r rc _ <"$sessions/$i.done" || rc=?
+  if [[ $rc != 0 ]]; then
+    echo "---- lane ${names[i]}: failed tests ----"
+    grep -E '^(FAILED|ERROR) ' "$sessions/$i.log" | cut -c1-240 | head -20
+  fi
 done
 for i in "${!names[@]}"; do
   read -r rc seconds <"$sessions/$i.done" || { rc=?; seconds=?; }
