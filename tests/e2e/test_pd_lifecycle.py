@@ -50,6 +50,8 @@ def spec_for(kind: Kind) -> dict[str, Any]:
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # Emulated engines stop at once: 3 s of serving after they are told to stop, not 60.
         .set(pod={"terminationGracePeriodSeconds": 33})
+        # The decode's records are counted exactly (step 1): no request of the operator's own.
+        .set(verification={"probeRequestsPerMinute": 0})
         .dict()
     )
     return obj
