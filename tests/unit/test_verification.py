@@ -95,6 +95,31 @@ def test_each_revision_is_judged_on_its_own_decodes_against_the_serving_one() ->
     assert verdicts(VerificationSpec(mode="Off"), states, pods, metrics) == {}
 
 
+def test_the_serving_revision_is_judged_on_failures_since_the_previous_scrape() -> None:
+    """A prefill crashed an hour ago cost the decode 3 pulls: once a clean scrape follows, the
+    serving revision is Verified again; failures between its two latest scrapes fail it. A new
+    revision beside it answers for every failure of its pods' lifetime."""
+    states = [state("old", 1), state("new", 5)]
+    pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new")]
+
+    def twice(failed_before: float, failed_now: float, requests: float = 20) -> PodMetrics:
+        latest = scrape(requests, requests * 2, failed=failed_now, drafts=100, accepted=150)
+        earlier = scrape(requests - 5, (requests - 5) * 2, failed=failed_before)
+        assert latest.latest is not None and earlier.latest is not None
+        return PodMetrics(latest.latest, replace(earlier.latest, at=NOW - 15))
+
+    recovered = {"o-0": twice(3, 3), "n-0": twice(3, 3)}
+    judged = verdicts(VerificationSpec(), states, pods, recovered, "new")
+    assert judged["old"].outcome == Outcome.VERIFIED, judged["old"].message
+    assert judged["new"].finding == Finding.PULL_FAILED
+    failing = verdicts(VerificationSpec(), states, pods, {"o-0": twice(3, 5)}, "new")
+    assert failing["old"].finding == Finding.PULL_FAILED
+    assert failing["old"].handoff.failed == 2
+    # Alone, it is the serving revision too.
+    alone = verdicts(VerificationSpec(), [state("old", 1)], pods[:1], recovered, "old")
+    assert alone["old"].outcome == Outcome.VERIFIED
+
+
 def test_acceptance_is_compared_only_between_revisions_that_draft_alike() -> None:
     """Fewer drafted tokens accept fewer per draft: k 3 -> 2 is no regression; the spec's
     expectedAcceptanceLength is the reference then, where given."""

@@ -76,8 +76,15 @@ class VerificationStatus(Model):
     expected_backoff: int | None = Field(
         default=None, description="The backoff per request derived from the lookahead."
     )
-    failed_pulls: int = Field(description="KV receives that failed.")
-    decode_only: int = Field(description="Requests served with no prefill's KV.")
+    failed_pulls: int = Field(
+        description=(
+            "KV receives that failed (the serving revision: since the previous scrape, so that "
+            "a recovered blip stops counting)."
+        )
+    )
+    decode_only: int = Field(
+        description="Requests served with no prefill's KV (counted as failedPulls is)."
+    )
     drafts: int = Field(description="MTP drafts made.")
     acceptance_length: float | None = Field(
         default=None, description="Accepted tokens per draft; unset before the first draft."

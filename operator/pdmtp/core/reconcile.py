@@ -264,7 +264,7 @@ def decide(observed: Observed, now: float) -> Decision:
     ]
     # What each revision's decodes did (`core.verification`), and what that holds back.
     judged = verification.verdicts(
-        pdd.spec.effective_verification, states, raw_pods, observed.metrics
+        pdd.spec.effective_verification, states, raw_pods, observed.metrics, spec_target.revision
     )
     health = Health(
         engine_failures(raw_pods),

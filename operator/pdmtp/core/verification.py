@@ -1,7 +1,10 @@
 """Each revision's verdict from what its decode pods reported, and what the verdict holds back.
 
 `verdicts` sums every revision's decode pods (a multi-node group through its leader, the only
-rank that serves and reports) over their lifetime and judges it (`core.verdict`): a revision
+rank that serves and reports) over their lifetime and judges it (`core.verdict`); a revision
+that rolled out (alone, or older than the one the spec rolls to) counts its failed and
+decode-only pulls only since the previous scrape (it is judged on whether it still hands KV
+over, not on a blip it recovered from). A revision
 against the most established other revision that serves, the serving revision against the
 spec's expected acceptance alone, and so a revision that drafts differently from the serving
 one (accepted tokens per draft grow with numSpeculativeTokens). The backoff a revision is held
@@ -21,7 +24,7 @@ the revision's Verified condition and the alert already say so.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdmtp.api import vocabulary as v
@@ -90,8 +93,10 @@ def verdicts(
     states: Sequence[RevisionState],
     pods: Sequence[Obj],
     metrics: Mapping[str, PodMetrics],
+    update: str | None = None,
 ) -> dict[str, Verdict]:
-    """The verdict on every revision with workloads ({} with mode Off)."""
+    """The verdict on every revision with workloads ({} with mode Off); `update` is the
+    revision the spec rolls to."""
     if spec.mode == "Off":
         return {}
     serving = [s for s in states if s.serving]
@@ -101,7 +106,17 @@ def verdicts(
     drafting: dict[str, str | None] = {}
     for s in states:
         decodes = _reporting_decodes(pods, s.revision)
-        handoffs[s.revision] = lifetime(m for p in decodes if (m := metrics.get(name_of(p))))
+        scraped = [m for p in decodes if (m := metrics.get(name_of(p)))]
+        handoffs[s.revision] = lifetime(scraped)
+        if len(states) == 1 or s.revision != update:
+            # A revision that rolled out (alone, or older than the one rolled to) proved itself
+            # then; now the question is whether it still hands KV over. Its failures count since
+            # the previous scrape, so a crashed prefill (the pulls in flight to it) stops
+            # counting after one clean scrape. The revision rolled to answers for all of them.
+            window = recent(scraped)
+            handoffs[s.revision] = replace(
+                handoffs[s.revision], failed=window.failed, decode_only=window.decode_only
+            )
         backoffs[s.revision] = expected_backoff(decodes)
         drafting[s.revision] = speculative_config(decodes)
 
