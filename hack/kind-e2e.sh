@@ -239,6 +239,18 @@ fi
 # ---- cluster ------------------------------------------------------------------------------------
 step "kind cluster $CLUSTER ($NODE_IMAGE)"
 "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+# The nodes' containerd takes the ~10 GB engine image (twice over: its layers and their
+# snapshot), beside podman save's staging file: a disk that fills up mid-run fails more than
+# this lane (`make test` runs the cluster tier beside it, its etcd on the same disk), so
+# stop here, saying why. KIND_E2E_MIN_FREE_GB=0 skips the check.
+MIN_FREE_GB=${KIND_E2E_MIN_FREE_GB:-25}
+disks=("$WORK")
+[[ $RUNTIME != podman ]] || disks+=("$(podman info --format '{{.Store.GraphRoot}}')")
+for dir in "${disks[@]}"; do
+  free_gb=$(($(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1048576))
+  ((free_gb >= MIN_FREE_GB)) || die "$dir has $free_gb GB free, kind e2e needs $MIN_FREE_GB GB \
+(podman volumes left by a killed kind cluster: podman volume prune; old images: podman image prune)"
+done
 "$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$KIND_CONFIG" \
   --kubeconfig "$KUBECONFIG" --wait 180s
 mapfile -t NODES < <("$KUBECTL" get nodes -o name | sed 's|^node/||')
