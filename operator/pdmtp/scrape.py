@@ -35,7 +35,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.autoscaling import AutoscalingSpec
 from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.observe import is_terminating, labels_of, name_of
+from pdmtp.core.observe import is_terminating, labels_of, name_of, pod_url
 from pdmtp.core.promtext import Scrape, parse_scrape
 from pdmtp.core.scaling import PodMetrics
 
@@ -63,10 +63,9 @@ class HttpSource:
         ip = (pod.get("status") or {}).get("podIP")
         if not ip:
             return None
-        host = f"[{ip}]" if ":" in ip else ip
         try:
             with urllib.request.urlopen(
-                f"http://{host}:{self.port}/metrics", timeout=TIMEOUT_SECONDS
+                f"{pod_url(ip, self.port)}/metrics", timeout=TIMEOUT_SECONDS
             ) as answer:
                 text = answer.read().decode("utf-8", "replace")
         except (OSError, urllib.error.URLError) as e:

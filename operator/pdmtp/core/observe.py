@@ -10,7 +10,6 @@ surge ceiling counts them) and a Deployment's status lags its pods.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -302,10 +301,15 @@ class Membership:
         return bool(self.prefills) and bool(self.decodes)
 
 
+def pod_url(ip: str, port: int) -> str:
+    """`http://<pod IP>:<port>`, an IPv6 address bracketed (only IPv6 has colons)."""
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}"
+
+
 def engine_url(ip: str) -> str:
     """The URL of an engine pod's OpenAI server."""
-    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
-    return f"http://{host}:{v.ENGINE_HTTP_PORT}"
+    return pod_url(ip, v.ENGINE_HTTP_PORT)
 
 
 def _restarts(pod: Obj) -> int:

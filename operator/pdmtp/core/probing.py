@@ -21,7 +21,7 @@ from typing import Any
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.core.observe import labels_of, name_of, pod_ready, serves
+from pdmtp.core.observe import labels_of, name_of, pod_ready, pod_url, serves
 
 Obj = Mapping[str, Any]
 
@@ -77,12 +77,11 @@ def due(
         if router is None or not all(_serving(mine, role) for role in v.ENGINE_ROLES):
             continue
         ip = str((router.get("status") or {}).get("podIP"))
-        host = f"[{ip}]" if ":" in ip else ip
         out.append(
             Probe(
                 revision,
                 name_of(router),
-                f"http://{host}:{v.ROUTER_HTTP_PORT}/v1/completions",
+                f"{pod_url(ip, v.ROUTER_HTTP_PORT)}/v1/completions",
                 {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS},
             )
         )
