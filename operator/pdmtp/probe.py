@@ -95,9 +95,10 @@ class Prober:
     pdds: Table
     store: ChildStore
     metrics: Metrics | None = None
-    last: dict[tuple[str, str, str], float] = field(default_factory=dict)
-    """When each (namespace, name, revision) was last probed (monotonic)."""
-    in_flight: set[tuple[str, str, str]] = field(default_factory=set)
+    last: dict[Key, dict[str, float]] = field(default_factory=dict)
+    """Per PDDeployment, when each revision was last probed (monotonic)."""
+    in_flight: dict[Key, set[str]] = field(default_factory=dict)
+    """Per PDDeployment, the revisions with a probe on its way."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def due_now(self, key: Key, now: float) -> list[Probe]:
@@ -109,26 +110,25 @@ class Prober:
         except ValueError:
             return []  # the reconcile reports it
         namespace, name = key
-        last = {r: t for (ns, n, r), t in self.last.items() if (ns, n) == key}
-        busy = {r for (ns, n, r) in self.in_flight if (ns, n) == key}
         pods = self.store.children(namespace, name).get(POD.kind, [])
         status: Mapping[str, Any] = body.get("status") or {}
+        last = self.last.get(key, {})
         probes = due(spec.effective_verification, spec.model.name, status, pods, last, now)
-        return [p for p in probes if p.revision not in busy]
+        return [p for p in probes if p.revision not in self.in_flight.get(key, set())]
 
     async def run(self) -> None:
         while True:
             now = time.monotonic()
             for key in self.pdds.snapshot():
                 for probe in self.due_now(key, now):
-                    self.last[(*key, probe.revision)] = now
-                    self.in_flight.add((*key, probe.revision))
+                    self.last.setdefault(key, {})[probe.revision] = now
+                    self.in_flight.setdefault(key, set()).add(probe.revision)
                     task = asyncio.create_task(self._send(key, probe), name="pdmtp-probe")
                     self.tasks.add(task)
                     task.add_done_callback(self.tasks.discard)
-            live = set(self.pdds.snapshot())
-            for gone in [k for k in self.last if k[:2] not in live]:
+            for gone in set(self.last) - set(self.pdds.snapshot()):
                 self.last.pop(gone, None)
+                self.in_flight.pop(gone, None)
             await asyncio.sleep(TICK_SECONDS)
 
     async def _send(self, key: Key, probe: Probe) -> None:
@@ -139,6 +139,6 @@ class Prober:
             log.warning("Probe of %s/%s could not be sent: %s", namespace, name, e)
             result = "failed"
         finally:
-            self.in_flight.discard((*key, probe.revision))
+            self.in_flight.get(key, set()).discard(probe.revision)
         if self.metrics is not None:
             self.metrics.probes.labels(namespace, name, result).inc()

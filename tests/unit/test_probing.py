@@ -134,7 +134,7 @@ def test_the_prober_sends_one_at_a_time_per_revision(tmp_path: Path) -> None:
         store.put("Pod", p)
     prober = Prober(DirectoryTarget(tmp_path), pdds, store)
     (probe,) = prober.due_now(("ns", "x"), NOW)
-    prober.in_flight.add(("ns", "x", "new"))
+    prober.in_flight[("ns", "x")] = {"new"}
     assert prober.due_now(("ns", "x"), NOW + 60) == [], "one in flight: none more"
     prober.in_flight.clear()
 
