@@ -10,13 +10,10 @@ The PDDeployments themselves come the same way (every one, into a `Table`): a re
 until the API server serves them, so a CRD created after the operator, or an API server that
 comes back without its custom resources for a while, delays the operator instead of ending it.
 
-The store also takes the API server's answers to the operator's own writes (`put`, `drop`), so
-a reconcile that follows a write sees it even before the watch delivers it; an event older than
-what the store holds (by resourceVersion) is ignored. So is an answer older than the deletion the
-watch already reported: a pod marked as leaving while its ReplicaSet deleted it must not come
-back as a ghost that no later event removes (it held a scale-down as unfinished until the next
-re-list, minutes later). A deletion leaves a tombstone, its resourceVersion, until a newer
-version of that name is stored or the next listing.
+Nothing else enters the store: the API server's answers to the operator's own writes do not, so
+the store never mixes two streams and never has to order them (resourceVersions are opaque). A
+reconcile that follows a write waits for the watch to show it (`pdmtp.expectations`). Each store
+offers `held`, the resourceVersion it holds for a name, which is what those expectations compare.
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import Kind
+from pdmtp.backoff import backoff
 from pdmtp.kube import ApiError, send
 
 log = logging.getLogger(__name__)
@@ -54,47 +52,8 @@ def _owner(obj: Mapping[str, Any]) -> Key | None:
     return (meta.get("namespace", ""), owner) if owner else None
 
 
-def _newer_or_equal(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
-    # resourceVersions are opaque, but etcd's are increasing integers; where both parse,
-    # never let a late event roll the store back past a write it already holds.
-    try:
-        return int(new["metadata"]["resourceVersion"]) >= int(old["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return True
-
-
-def _version(resource_version: object) -> int | None:
-    try:
-        return int(str(resource_version))
-    except ValueError:
-        return None
-
-
-class _Tombstones:
-    """The resourceVersion at which each name was last deleted, as the watch reported it; the
-    callers hold their store's lock."""
-
-    def __init__(self) -> None:
-        self._deleted: dict[Key, int] = {}
-
-    def bury(self, key: Key, resource_version: str | None) -> None:
-        if (version := _version(resource_version)) is not None:
-            self._deleted[key] = version
-
-    def outlived(self, key: Key, obj: Mapping[str, Any]) -> bool:
-        """Whether `obj` is newer than its name's last deletion (if any); forgets the deletion
-        when it is, since the name lives again."""
-        tombstone = self._deleted.get(key)
-        version = _version((obj.get("metadata") or {}).get("resourceVersion"))
-        if tombstone is not None and version is not None and version <= tombstone:
-            return False
-        self._deleted.pop(key, None)
-        return True
-
-    def clear(self, namespace: str | None) -> None:
-        """A fresh listing of `namespace` (or of everything) is the whole truth."""
-        for key in [k for k in self._deleted if namespace is None or k[0] == namespace]:
-            del self._deleted[key]
+def _resource_version(obj: Mapping[str, Any] | None) -> str | None:
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def _slim(obj: Obj, kind: str) -> Obj:
@@ -112,26 +71,17 @@ class Table:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._objects: dict[Key, Obj] = {}
-        self._deleted = _Tombstones()
 
     def put(self, kind: str, obj: Obj) -> Key | None:
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         with self._lock:
-            current = self._objects.get(key)
-            if current is not None and not _newer_or_equal(obj, current):
-                return None
-            if current is None and not self._deleted.outlived(key, obj):
-                return None
             self._objects[key] = _slim(obj, kind)
         return key
 
-    def drop(
-        self, kind: str, namespace: str, name: str, resource_version: str | None = None
-    ) -> Key | None:
+    def drop(self, kind: str, namespace: str, name: str) -> Key | None:
         with self._lock:
             self._objects.pop((namespace, name), None)
-            self._deleted.bury((namespace, name), resource_version)
         return (namespace, name)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -140,7 +90,6 @@ class Table:
             meta = obj.get("metadata") or {}
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         with self._lock:
-            self._deleted.clear(namespace)
             gone = {k for k in self._objects if namespace is None or k[0] == namespace} - set(fresh)
             for key in gone:
                 del self._objects[key]
@@ -156,12 +105,14 @@ class Table:
         with self._lock:
             return list(self._objects)
 
+    def held(self, namespace: str, name: str) -> str | None:
+        with self._lock:
+            return _resource_version(self._objects.get((namespace, name)))
+
 
 class Sink(Protocol):
     def put(self, kind: str, obj: Obj) -> Key | None: ...
-    def drop(
-        self, kind: str, namespace: str, name: str, resource_version: str | None = None
-    ) -> Key | None: ...
+    def drop(self, kind: str, namespace: str, name: str) -> Key | None: ...
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]: ...
 
 
@@ -173,8 +124,6 @@ class ChildStore:
         self._lock = threading.Lock()
         self._objects: dict[str, dict[Key, Obj]] = {}
         self._owned: dict[Key, set[tuple[str, Key]]] = {}
-        self._deleted: dict[str, _Tombstones] = {}
-        """Per kind, the names' deletions the watch reported."""
 
     def _index(self, kind: str, key: Key, obj: Obj | None) -> Key | None:
         old = self._objects.setdefault(kind, {}).get(key)
@@ -192,25 +141,15 @@ class ChildStore:
         return owner or (_owner(old) if old is not None else None)
 
     def put(self, kind: str, obj: Obj) -> Key | None:
-        """Store `obj` unless the store already holds a newer version; returns its owner."""
+        """Store `obj` as a watch delivered it; returns its owner."""
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         with self._lock:
-            current = self._objects.get(kind, {}).get(key)
-            if current is not None and not _newer_or_equal(obj, current):
-                return None
-            deleted = self._deleted.setdefault(kind, _Tombstones())
-            if current is None and not deleted.outlived(key, obj):
-                return None
             return self._index(kind, key, _slim(obj, kind))
 
-    def drop(
-        self, kind: str, namespace: str, name: str, resource_version: str | None = None
-    ) -> Key | None:
-        """Forget `name`; with the deletion's resourceVersion (a watch's DELETED event), refuse
-        older versions of it from then on (a write's answer that arrives late)."""
+    def drop(self, kind: str, namespace: str, name: str) -> Key | None:
+        """Forget `name` (a watch's DELETED event); returns its owner."""
         with self._lock:
-            self._deleted.setdefault(kind, _Tombstones()).bury((namespace, name), resource_version)
             return self._index(kind, (namespace, name), None)
 
     def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
@@ -221,7 +160,6 @@ class ChildStore:
             fresh[(meta.get("namespace", ""), meta.get("name", ""))] = _slim(obj, kind)
         changed: set[Key] = set()
         with self._lock:
-            self._deleted.setdefault(kind, _Tombstones()).clear(namespace)
             held = self._objects.setdefault(kind, {})
             scope = [k for k in held if namespace is None or k[0] == namespace]
             for key in scope:
@@ -245,6 +183,11 @@ class ChildStore:
     def size(self) -> int:
         with self._lock:
             return sum(len(objs) for objs in self._objects.values())
+
+    def held(self, kind: str, namespace: str, name: str) -> str | None:
+        """The resourceVersion held for `kind` `namespace`/`name`, None when none is held."""
+        with self._lock:
+            return _resource_version(self._objects.get(kind, {}).get((namespace, name)))
 
 
 class Reflector:
@@ -307,7 +250,7 @@ class Reflector:
                 self._set_watching(False)
             except Exception as e:  # any failure: list again after a short pause
                 failures += 1
-                delay = min(self.max_backoff, 0.5 * 2**failures) * (1 + random.random() / 4)
+                delay = backoff(failures, 0.5, self.max_backoff)
                 if isinstance(e, ApiError) and e.status == 404:
                     error = f"the API server does not serve {self.kind.plural}.{self.kind.group}"
                     if self.kind.group:
@@ -366,9 +309,7 @@ class Reflector:
             return
         meta = raw.get("metadata") or {}
         if change == "DELETED":
-            owner = self.store.drop(
-                self.kind.kind, meta.get("namespace", ""), meta["name"], meta.get("resourceVersion")
-            )
+            owner = self.store.drop(self.kind.kind, meta.get("namespace", ""), meta["name"])
         else:
             owner = self.store.put(self.kind.kind, raw)
         if owner is not None:

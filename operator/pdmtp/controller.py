@@ -5,9 +5,11 @@ into in-memory stores. Every event only puts the owning PDDeployment's key on th
 (`pdmtp.workqueue`). Workers take one key at a time, read its children from the store (no API
 request), call `pdmtp.core.reconcile.decide`, apply the actions (the executor: stopping at the
 first refusal), write the status once if it changed, with the refused writes in it, and post the
-events of what was accepted after that write. A periodic resync re-queues every key. Nothing is
-kept on the objects (no finalizer, no bookkeeping annotations), and a restart rebuilds
-everything from the initial listings. `pdmtp.manager` runs it.
+events of what was accepted after that write. Writes never enter the stores: each leaves an
+expectation (`pdmtp.expectations`), and the key's next reconcile waits until the watch shows it.
+A periodic resync re-queues every key. Nothing is kept on the objects (no finalizer, no
+bookkeeping annotations), and a restart rebuilds everything from the initial listings.
+`pdmtp.manager` runs it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,11 +24,13 @@ from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
+from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale, SetStatus
 from pdmtp.core.observe import cordoned_nodes
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.election import Elector
+from pdmtp.expectations import Expectations, after_delete, after_write
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
@@ -72,6 +75,11 @@ class Applied:
     """Stopped by a conditional write whose object had changed since it was observed."""
 
 
+def _version(answer: Mapping[str, Any] | None) -> str | None:
+    """The resourceVersion a write's answer carries (None: the object is gone)."""
+    return None if answer is None else (answer.get("metadata") or {}).get("resourceVersion")
+
+
 class WritesRefused(Exception):
     """Some of a reconcile's writes were refused; the key is retried with backoff."""
 
@@ -86,6 +94,8 @@ class Controller:
     """PDDeployments, from their reflectors' watches."""
     store: ChildStore = field(default_factory=ChildStore)
     """Children, from the reflectors' watches."""
+    expectations: Expectations = field(default_factory=Expectations)
+    """Each PDDeployment's accepted writes that the watches have not shown yet."""
     failures: dict[Key, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     reflectors: list[Reflector] = field(default_factory=list)
@@ -117,6 +127,7 @@ class Controller:
     def on_pdd_change(self, key: Key) -> None:
         if self.pdds.get(key) is None:  # deleted, or gone from a fresh listing
             self.failures.pop(key, None)
+            self.expectations.forget(key)
             self.metrics.forget(*key)
             return
         self.queue.add(key)
@@ -296,6 +307,10 @@ class Controller:
         while True:
             key = await self.queue.get()
             try:
+                if (wait := self.expectations.wait(key, self._held)) is not None:
+                    # The watch event that shows the write queues the key again.
+                    self.queue.add_after(key, wait)
+                    continue
                 body = self.pdds.get(key)
                 if body is not None and not (body.get("metadata") or {}).get("deletionTimestamp"):
                     requeue = await self.reconcile(key, body)
@@ -304,14 +319,17 @@ class Controller:
                         self.queue.add_after(key, requeue + 0.5)
             except Exception as e:  # keep the worker alive; retry the key with backoff
                 n = self.failures[key] = self.failures.get(key, 0) + 1
-                delay = min(self.options.max_backoff_seconds, 0.5 * 2**n) * (
-                    1 + random.random() / 4
-                )
+                delay = backoff(n, 0.5, self.options.max_backoff_seconds)
                 log.warning("Reconcile of %s/%s failed (%s); retrying in %.1fs", *key, e, delay)
                 self.metrics.reconcile_errors.labels(*key).inc()
                 self.queue.add_after(key, delay)
             finally:
                 self.queue.done(key)
+
+    def _held(self, kind: str, namespace: str, name: str) -> str | None:
+        if kind == PDDEPLOYMENT.kind:
+            return self.pdds.held(namespace, name)
+        return self.store.held(kind, namespace, name)
 
     def observed(self, body: Mapping[str, Any], namespace: str, name: str) -> Observed:
         """The PDDeployment and its children as the caches hold them: no API request."""
@@ -338,7 +356,7 @@ class Controller:
         namespace, name = key
         started = time.monotonic()
         decision = decide(self.observed(body, namespace, name), time.time())
-        applied = await asyncio.to_thread(self._apply, namespace, decision.actions)
+        applied = await asyncio.to_thread(self._apply, key, decision.actions)
         refused = applied.refused
         report = decision.report(refused, applied.unapplied)
         stale_status = False
@@ -357,8 +375,7 @@ class Controller:
                 log.info("%s/%s changed since it was observed; status re-planned", *key)
                 self.metrics.stale_writes.inc()
                 written, stale_status = None, True
-            if written is not None:  # the server's copy, before the watch brings it
-                self.pdds.put(PDDEPLOYMENT.kind, written)
+            self.expectations.expect(key, after_write(v.KIND, name, version, _version(written)))
         for event in report.events:
             # Posted by one task in order, after the status write: events are best effort and
             # need not hold this key's worker.
@@ -373,12 +390,12 @@ class Controller:
             return STALE_REQUEUE_SECONDS
         return decision.requeue_after
 
-    def _apply(self, namespace: str, actions: tuple[Action, ...]) -> Applied:
+    def _apply(self, key: Key, actions: tuple[Action, ...]) -> Applied:
         """Apply in order and stop at the first refusal: the actions after it were planned on
         a world where it succeeded, and the next reconcile re-plans from what is there."""
         for i, action in enumerate(actions):
             try:
-                self._apply_one(namespace, action)
+                self._apply_one(key, action)
             except ApiError as e:
                 rest = tuple(a.key for a in actions[i + 1 :])
                 if e.status == 409 and getattr(action, "resource_version", None) is not None:
@@ -390,36 +407,39 @@ class Controller:
                 return Applied((rejection,), (action.key, *rest))
         return Applied()
 
-    def _apply_one(self, namespace: str, action: Action) -> None:
+    def _apply_one(self, key: Key, action: Action) -> None:
+        namespace = key[0]
+        before = self._held(action.kind, namespace, action.name)
+        answer: Mapping[str, Any] | None
         if isinstance(action, Apply):
-            applied = self.kube.apply(action.manifest, action.resource_version)
-            self.store.put(action.kind, applied)
+            answer = self.kube.apply(action.manifest, action.resource_version)
             verb = "Updated" if action.exists else "Created"
             log.info("%s %s", verb, action.key, extra={"namespace": namespace})
         elif isinstance(action, Scale):
-            scaled = self.kube.scale(
+            answer = self.kube.scale(
                 namespace, action.name, action.replicas, action.resource_version
             )
-            if scaled is not None:
-                self.store.put(DEPLOYMENT.kind, scaled)
             log.info("Scaled %s to %d", action.key, action.replicas)
         elif isinstance(action, Delete):
             self.kube.delete(action.kind, namespace, action.name)
-            self.store.drop(action.kind, namespace, action.name)
+            self.expectations.expect(key, after_delete(action.kind, action.name, before))
             log.info("Deleted %s", action.key)
+            return
         elif isinstance(action, SetStatus):
-            written = self.kube.patch_status(
+            answer = self.kube.patch_status(
                 namespace, action.name, action.status, action.old, action.kind
             )
-            if written is not None:
-                self.store.put(action.kind, written)
         elif isinstance(action, Annotate):
             body = {"metadata": {"annotations": dict(action.annotations)}}
-            patched = self.kube.patch(
+            answer = self.kube.patch(
                 POD.kind, namespace, action.name, body, "application/merge-patch+json"
             )
-            self.store.put(POD.kind, patched)
             log.info("Marked %s: %s", action.key, body["metadata"]["annotations"])
+        created = isinstance(action, Apply) and not action.exists
+        expectation = after_write(
+            action.kind, action.name, before, _version(answer), created=created
+        )
+        self.expectations.expect(key, expectation)
 
     async def _poster(self) -> None:
         while True:

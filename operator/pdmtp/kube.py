@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -18,6 +17,7 @@ from kubernetes import client, config
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import BY_KIND, EVENT, LEASE
+from pdmtp.backoff import backoff
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class Kube:
             except ApiError as e:
                 if e.status not in retried or attempt == self.attempts - 1:
                     raise
-                delay = self.base_delay * 2**attempt * (1 + random.random())
+                delay = backoff(attempt, self.base_delay, jitter=1.0)
                 log.info("Retrying after %s (attempt %d, %.2fs)", e.status, attempt + 1, delay)
                 time.sleep(delay)
         raise AssertionError("unreachable")

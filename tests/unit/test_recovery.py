@@ -30,8 +30,8 @@ def _pdd(name: str, rv: str, ns: str = "ns") -> dict[str, Any]:
 def test_the_table_keys_each_object_by_itself_and_a_relisting_drops_the_missing() -> None:
     table = Table()
     assert table.put("PDDeployment", _pdd("a", "5")) == ("ns", "a")
-    assert table.put("PDDeployment", _pdd("a", "4")) is None  # older than what it holds
-    assert table.get(("ns", "a"))["metadata"]["resourceVersion"] == "5"  # type: ignore[index]
+    assert table.put("PDDeployment", _pdd("a", "4")) == ("ns", "a")  # as the watch delivered it
+    assert table.get(("ns", "a"))["metadata"]["resourceVersion"] == "4"  # type: ignore[index]
     table.put("PDDeployment", _pdd("b", "6", ns="other"))
     changed = table.replace("PDDeployment", "ns", [_pdd("c", "7")])
     assert changed == {("ns", "a"), ("ns", "c")}  # a gone, c new; b is in another scope
@@ -223,7 +223,7 @@ def _controller(script: dict[str, int | None]) -> tuple[Controller, ScriptedKube
 
 def test_a_step_stops_at_its_first_refusal() -> None:
     controller, fake = _controller({"Deployment/old-prefill": 422})
-    applied = controller._apply("ns", ACTIONS)
+    applied = controller._apply(("ns", "pd"), ACTIONS)
     assert fake.sent == ["Service/svc", "Deployment/old-prefill"]
     assert [r.key for r in applied.refused] == ["Deployment/old-prefill"]
     assert applied.unapplied == ("Deployment/old-prefill", "Pod/pod-1", "Deployment/older-router")
@@ -232,7 +232,7 @@ def test_a_step_stops_at_its_first_refusal() -> None:
 
 def test_a_stale_conditional_write_stops_the_step_without_claiming_a_refusal() -> None:
     controller, fake = _controller({"Deployment/old-prefill": 409})
-    applied = controller._apply("ns", ACTIONS)
+    applied = controller._apply(("ns", "pd"), ACTIONS)
     assert fake.sent == ["Service/svc", "Deployment/old-prefill"]
     assert applied.stale and applied.refused == ()
     assert applied.unapplied[0] == "Deployment/old-prefill"
@@ -241,13 +241,13 @@ def test_a_stale_conditional_write_stops_the_step_without_claiming_a_refusal() -
 
 def test_an_unconditional_conflict_is_a_refusal() -> None:
     controller, _ = _controller({"Service/svc": 409})
-    applied = controller._apply("ns", ACTIONS)
+    applied = controller._apply(("ns", "pd"), ACTIONS)
     assert not applied.stale and [r.status for r in applied.refused] == [409]
 
 
 def test_every_action_applied_when_none_is_refused() -> None:
     controller, fake = _controller({})
-    applied = controller._apply("ns", ACTIONS)
+    applied = controller._apply(("ns", "pd"), ACTIONS)
     assert len(fake.sent) == 4 and applied.refused == applied.unapplied == ()
 
 
@@ -270,3 +270,11 @@ def test_a_controller_starting_is_live_and_not_ready() -> None:
     health = controller.health()
     assert health.live and not health.ready
     assert health.problems == ("child caches not synced after 0s",)
+
+
+def test_one_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    from pdmtp.backoff import backoff
+
+    assert [backoff(n, 0.5, 8.0, rand=lambda: 0.0) for n in range(1, 6)] == [1, 2, 4, 8, 8]
+    assert backoff(10, 0.5, 8.0, rand=lambda: 1.0) == 10.0  # at most a quarter more
+    assert backoff(0, 0.2, jitter=1.0, rand=lambda: 1.0) == 0.4  # the API adapter's: uncapped

@@ -37,6 +37,10 @@ class Apply:
     def kind(self) -> str:
         return str(self.manifest["kind"])
 
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
 
 @dataclass(frozen=True)
 class Scale:
