@@ -1,5 +1,5 @@
-"""Whether the operator is live and ready, judged from what its watches see, and the endpoint
-that says so (`/healthz` for liveness, `/readyz` for readiness).
+"""Whether the operator is live and ready, judged from what its watches see (`pdmtp.endpoints`
+serves the verdict: `/healthz` for liveness, `/readyz` for readiness).
 
 Ready: every PDDeployment scope is being watched, the child caches hold a full listing, and the
 webhook (when on) knows the resource it admits. Live: none of those has been missing for longer
@@ -11,13 +11,10 @@ stuck process restarted rather than left running idle.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from aiohttp import web
-
 GRACE_SECONDS = 120.0
-Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 @dataclass(frozen=True)
@@ -88,31 +85,3 @@ def assess(
         watches=tuple(watches),
         leader=leader,
     )
-
-
-def app(judge: Callable[[], Health]) -> web.Application:
-    """`/healthz` answers 500 when not live, `/readyz` 503 when not ready; both JSON."""
-
-    def endpoint(passes: Callable[[Health], bool], failed: int) -> Handler:
-        async def answer(_: web.Request) -> web.Response:
-            health = judge()
-            status = 200 if passes(health) else failed
-            return web.Response(status=status, text=health.body(), content_type="application/json")
-
-        return answer
-
-    application = web.Application()
-    application.add_routes(
-        [
-            web.get("/healthz", endpoint(lambda h: h.live, 500)),
-            web.get("/readyz", endpoint(lambda h: h.ready, 503)),
-        ]
-    )
-    return application
-
-
-async def serve(judge: Callable[[], Health], host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(app(judge), handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port).start()
-    return runner

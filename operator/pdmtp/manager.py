@@ -1,9 +1,9 @@
 """The operator process, what controller-runtime calls the manager: kopf runs it (login,
 start-up and clean-up, the admission webhook) around the controller (`pdmtp.controller`), with
-the health endpoints and leader election beside it. kopf watches nothing for pdmtp: its
-resources are resolved from API discovery once and on CRD events, which can miss a CRD created
-just after it starts, whereas the controller's reflectors keep listing until the API server
-serves the PDDeployments.
+the HTTP endpoints (health and metrics) and leader election beside it. kopf watches nothing for
+pdmtp: its resources are resolved from API discovery once and on CRD events, which can miss a
+CRD created just after it starts, whereas the controller's reflectors keep listing until the API
+server serves the PDDeployments.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pdmtp.api import vocabulary as v
 from pdmtp.controller import Controller, Options
 from pdmtp.core.validation import validate
 from pdmtp.election import ElectionOptions, Elector, Fence, unelected
-from pdmtp.health import serve as serve_health
+from pdmtp.endpoints import app as endpoints_app
+from pdmtp.endpoints import serve as serve_endpoints
 from pdmtp.kopfcompat import Insights, resolves
 from pdmtp.kube import Kube
 from pdmtp.metrics import Metrics
@@ -127,6 +128,7 @@ async def _serve(
     controller: Controller,
     registry: kopf.OperatorRegistry,
     health: tuple[str, int] | None,
+    metrics: tuple[str, int] | None,
     webhook: WebhookOptions | None,
 ) -> None:
     options = controller.options
@@ -134,7 +136,11 @@ async def _serve(
     insights = Insights()
     if webhook is not None:
         controller.webhook_resolved = resolves(insights, v.GROUP, v.PLURAL)
-    runner = None if health is None else await serve_health(controller.health, *health)
+    listens = [at for at in (health, metrics) if at is not None]
+    runner = None
+    if listens:
+        exposition = None if metrics is None else controller.metrics.exposition
+        runner = await serve_endpoints(endpoints_app(controller.health, exposition), listens)
     stop = asyncio.Event()
     elector = controller.elector
     election = None
@@ -176,13 +182,15 @@ def run(
     health: tuple[str, int] | None = None,
     webhook: WebhookOptions | None = None,
     source: MetricsSource | None = None,
+    metrics_at: tuple[str, int] | None = None,
     election: ElectionOptions | None = None,
     probes: ProbeTarget | None = None,
 ) -> int:
     """Run the operator until interrupted, or until it loses the leader Lease (`election`;
     None: no election, it always leads); returns the exit status. `health` is where /healthz
-    and /readyz listen, `source` where the autoscaler reads the engines' metrics (their pods,
-    by default), `probes` where the verdict's probe requests go (the routers, by default)."""
+    and /readyz listen, `metrics_at` where /metrics does (None: nowhere), `source` where the
+    autoscaler reads the engines' metrics (their pods, by default), `probes` where the
+    verdict's probe requests go (the routers, by default)."""
     controller = Controller(
         kube, options, metrics, source=source or HttpSource(), probes=probes or HttpTarget()
     )
@@ -218,6 +226,6 @@ def run(
             t.renew_deadline_seconds,
             t.retry_seconds,
         )
-    asyncio.run(_serve(controller, registry, health, webhook))
+    asyncio.run(_serve(controller, registry, health, metrics_at, webhook))
     lost = controller.elector is not None and controller.elector.lost.is_set()
     return LOST_LEASE_EXIT if lost else 0

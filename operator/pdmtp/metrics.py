@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from pdmtp import __version__
 from pdmtp.api import reasons
@@ -221,8 +221,9 @@ class Metrics:
         """Per PDDeployment, the label values of the one-per-state series set last time (the
         conditions, the signals' coverage): what the next observation removes if it is gone."""
 
-    def serve(self, port: int, address: str) -> None:
-        start_http_server(port, addr=address, registry=self.registry)
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format (`pdmtp.endpoints` serves it)."""
+        return generate_latest(self.registry)
 
     def observe(
         self,

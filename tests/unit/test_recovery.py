@@ -144,6 +144,41 @@ def test_the_problem_names_the_resource_and_the_error() -> None:
     assert health.problems == ("pddeployments in ns not watched for 7s: boom",)
 
 
+def test_one_server_answers_health_and_metrics_on_every_address_it_listens_on() -> None:
+    import asyncio
+    import urllib.request
+
+    from loopback import free_ports
+    from pdmtp.endpoints import app, serve
+
+    health_port, metrics_port = free_ports(2)
+    metrics = Metrics()
+    metrics.reconcile_errors.labels("ns", "pd").inc()
+
+    def get(port: int, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    async def scenario() -> list[tuple[int, str]]:
+        judge = lambda: assess([_watch(False, 7, "boom")], True, True, None, 7)  # noqa: E731
+        listens = [("127.0.0.1", health_port), ("127.0.0.1", metrics_port)]
+        runner = await serve(app(judge, metrics.exposition), listens)
+        try:
+            paths = [(health_port, "/healthz"), (health_port, "/readyz")]
+            paths.append((metrics_port, "/metrics"))
+            return [await asyncio.to_thread(get, port, path) for port, path in paths]
+        finally:
+            await runner.cleanup()
+
+    (live, _), (ready, body), (scraped, exposition) = asyncio.run(scenario())
+    assert (live, ready, scraped) == (200, 503, 200)
+    assert "boom" in json.loads(body)["problems"][0]
+    assert 'pdmtp_reconcile_errors_total{name="pd",namespace="ns"} 1.0' in exposition
+
+
 # ---- executor bounds --------------------------------------------------------------------------
 
 

@@ -29,7 +29,10 @@ def add_parser(subparsers: Subparsers) -> None:
         "--health-listen",
         metavar="ADDR:PORT",
         default="0.0.0.0:8081",
-        help="serve /healthz (liveness) and /readyz (readiness) here (empty: none)",
+        help=(
+            "serve /healthz (liveness) and /readyz (readiness) here (empty: none); the same "
+            "server answers on the metrics port, and this one serves /metrics too"
+        ),
     )
     p.add_argument(
         "--metrics-source",
@@ -116,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     namespaces = () if args.all_namespaces else tuple(args.namespace or ["default"])
     metrics = Metrics()
-    if args.metrics_port:
-        metrics.serve(args.metrics_port, args.metrics_address)
+    metrics_at = (args.metrics_address, args.metrics_port) if args.metrics_port else None
     options = Options(
         namespaces=namespaces,
         resync_seconds=args.resync_seconds,
@@ -167,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         options,
         metrics,
         health=health,
+        metrics_at=metrics_at,
         webhook=webhook,
         source=source,
         election=election,
