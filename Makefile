@@ -32,7 +32,7 @@ generate: venv ## Regenerate crds/, docs/api-reference.md and README.md's tables
 	$(VENV)/bin/pdmtp crd --kind PDRoleScale > crds/pdmtp.io_pdrolescales.yaml
 	rm -f charts/pdmtp/files/crds/*.yaml && cp crds/pdmtp.io_*.yaml charts/pdmtp/files/crds/
 	$(VENV)/bin/pdmtp docs > docs/api-reference.md
-	$(PY) -m pdmtp.api.readme README.md
+	$(PY) -m pdmtp.tools.readme README.md
 
 .PHONY: verify
 verify: venv ## Fail if crds/, docs/ or README.md's tables drifted from the model
@@ -40,7 +40,7 @@ verify: venv ## Fail if crds/, docs/ or README.md's tables drifted from the mode
 	diff -u crds/pdmtp.io_pdrolescales.yaml <($(VENV)/bin/pdmtp crd --kind PDRoleScale)
 	diff -ru -x kustomization.yaml crds charts/pdmtp/files/crds
 	diff -u docs/api-reference.md <($(VENV)/bin/pdmtp docs)
-	$(PY) -m pdmtp.api.readme --check README.md
+	$(PY) -m pdmtp.tools.readme --check README.md
 
 .PHONY: lint
 lint: venv ## ruff, mypy --strict, import-linter (the core stays pure)

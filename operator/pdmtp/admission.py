@@ -82,7 +82,7 @@ def dry_run_object(
     api: client.ApiClient, body: bytes, kind: str, namespace: str, name: str
 ) -> Refusal | None:
     """Server-side apply these exact bytes (`pdmtp validate --server`: the object the offline
-    verdict judged, as pdmtp.yamlread read it) with dryRun=All and fieldValidation=Strict, as
+    verdict judged, as pdmtp.tools.yamlread read it) with dryRun=All and fieldValidation=Strict, as
     `kubectl apply --dry-run=server --validate=strict` does: None if the server would take it."""
     return _dry_apply(api, kind, namespace, name, body.decode("utf-8"), strict=True)
 

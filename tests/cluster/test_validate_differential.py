@@ -11,7 +11,7 @@ duplication, removals, spliced bytes). Each file goes through:
 3. where both accept: `pdmtp validate --server` (the object's own dry run with the bytes pdmtp
    read, then its children's), and the children of kubectl's parse dry-run the same way
    (pdmtp.admission.review): both verdicts must be equal;
-4. kubectl's parse (`kubectl create --dry-run=client -o json`) against pdmtp.yamlread's.
+4. kubectl's parse (`kubectl create --dry-run=client -o json`) against pdmtp.tools.yamlread's.
 
 Any disagreement fails the test, printing each spec. Budget: SPECS files or SECONDS, whichever
 ends first (PDMTP_DIFF_SPECS, PDMTP_DIFF_SECONDS override), so the tier grows by ~2 min.
@@ -37,7 +37,7 @@ from pdmtp import admission
 from pdmtp.api import reasons
 from pdmtp.cli import main
 from pdmtp.kube import load_client
-from pdmtp.yamlread import ReadError
+from pdmtp.tools.yamlread import ReadError
 from specfuzz import Spec, specs
 
 SPECS = int(os.environ.get("PDMTP_DIFF_SPECS", "400"))

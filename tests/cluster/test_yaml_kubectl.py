@@ -1,8 +1,8 @@
 """The YAML corpus (cluster/yaml_corpus.py) against the real kubectl: every file goes through
 `kubectl create --dry-run=client --validate=false -o json` (its parse, no schema) and through
-pdmtp.yamlread; both give the same JSON objects, or both refuse, kubectl in the words the corpus
-records. (The CRD is installed only so that kubectl can map the kind; nothing is sent to the API
-server.)"""
+pdmtp.tools.yamlread; both give the same JSON objects, or both refuse, kubectl in the words the
+corpus records. (The CRD is installed only so that kubectl can map the kind; nothing is sent to
+the API server.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cluster.kubehelpers import Cluster, kubectl
 from cluster.yaml_corpus import CASES, Case, Refused, typed
-from pdmtp.yamlread import ReadError, read_bytes, read_json_stream
+from pdmtp.tools.yamlread import ReadError, read_bytes, read_json_stream
 
 
 def kubectl_parse(cluster: Cluster, namespace: str, path: Path) -> tuple[list[Any] | None, str]:

@@ -5,7 +5,7 @@ the API server for it, one JSON object per document, as observed with `kubectl l
 json` (no cluster) and `kubectl create --dry-run=client -o json -f FILE`; or `Refused(words)`,
 kubectl's own words when it refuses the file. A duplicate key is no refusal: kubectl keeps the
 last value and says nothing (go-yaml v2, not strict); `pdmtp validate` does the same and warns.
-pdmtp.yamlread must give the same objects (tests/unit/test_yaml_read.py), and
+pdmtp.tools.yamlread must give the same objects (tests/unit/test_yaml_read.py), and
 tests/cluster/test_yaml_kubectl.py feeds every file to the real kubectl and compares.
 
     .venv/bin/python tests/cluster/yaml_corpus.py      # the markdown section
@@ -305,16 +305,16 @@ def typed(value: Any) -> Any:
 
 
 def table() -> str:
-    from pdmtp.yamlread import ReadError, read_stream
+    from pdmtp.tools.yamlread import ReadError, read_stream
 
     lines = [
         "## YAML read as kubectl reads it",
         "",
         "Each file, what the pinned kubectl sends the API server for it (its parse: `kubectl "
         "create --dry-run=client --validate=false -o json`), and what `pdmtp validate` reads "
-        "(pdmtp.yamlread), which is what it judges. Proven by tests/unit/test_yaml_read.py (the "
-        "reader against every row) and tests/cluster/test_yaml_kubectl.py (every file through "
-        "the real kubectl).",
+        "(pdmtp.tools.yamlread), which is what it judges. Proven by "
+        "tests/unit/test_yaml_read.py (the reader against every row) and "
+        "tests/cluster/test_yaml_kubectl.py (every file through the real kubectl).",
         "",
         "| # | case | YAML | kubectl sends | `pdmtp validate` reads |",
         "|---|---|---|---|---|",

@@ -36,7 +36,7 @@ from pdmtp.core.invariants import InvariantMonitor, Moment
 from pdmtp.core.observe import revision_states
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
 from pdmtp.core.removal import gate
-from pdmtp.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
 
 MAX_TICKS = 3000
 DIP_POLICY = Policy(max_surge=1, max_unavailable=0, drain_seconds=2)

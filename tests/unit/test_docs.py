@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from pdmtp.api import reasons
 from pdmtp.api.crd import PRINTER_COLUMNS, openapi_schema
-from pdmtp.api.docs import field_reference, type_name
 from pdmtp.api.rules import CEL_KEY
+from pdmtp.tools.reference import field_reference, type_name
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
 

@@ -46,7 +46,7 @@ from pdmtp.core.planner import (
     plan,
     steady_listing,
 )
-from pdmtp.simulate import InvariantViolation, SimCluster, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
 from rollout_strategies import policies, targets
 
 MAX_TICKS = 3000

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pdmtp.core import planner
 from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
-from pdmtp.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
 from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
@@ -212,7 +212,7 @@ def test_a_planner_that_ignores_surge_is_caught(monkeypatch: pytest.MonkeyPatch)
         )
         return replace(step, revisions=bumped)
 
-    monkeypatch.setattr("pdmtp.simulate.plan", greedy)
+    monkeypatch.setattr("pdmtp.tools.simulate.plan", greedy)
     start, policy = Target("aaaa", 3, 3, 1), Policy(1, 0, 0)
     with pytest.raises(InvariantViolation, match="invariant 3"):
         run(

@@ -1,4 +1,4 @@
-"""README.md's generated tables (pdmtp.api.readme) are what their sources render: the
+"""README.md's generated tables (pdmtp.tools.readme) are what their sources render: the
 troubleshooting table from the reasons registry, the autoscaling defaults from the API's table."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pdmtp.api import readme
 from pdmtp.api.autoscaling import defaults_markdown
 from pdmtp.api.reasons import REASONS, WARNING_REASONS
+from pdmtp.tools import readme
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

@@ -20,7 +20,7 @@ from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.observe import engine_url, router_urls
 from pdmtp.core.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
 from pdmtp.core.removal import EnginePod, RouterPod, gate
-from pdmtp.simulate import InvariantViolation, SimCluster, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
 from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
@@ -158,7 +158,7 @@ def test_without_the_gate_a_scale_down_terminates_a_listed_pod(
 ) -> None:
     """The invariant can fail: the Deployment scaled at once, as before the gate existed."""
     monkeypatch.setattr(
-        "pdmtp.simulate.gate",
+        "pdmtp.tools.simulate.gate",
         lambda plans, states, engines, routers: replace(
             gate(plans, states, engines, routers), plans=tuple(plans)
         ),

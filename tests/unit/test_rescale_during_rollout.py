@@ -52,7 +52,7 @@ from pdmtp.core.planner import (
     plan,
 )
 from pdmtp.core.removal import gate
-from pdmtp.simulate import InvariantViolation, SimCluster, SimPod, SimRevision
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, SimPod, SimRevision
 
 START = Target("aaaa", 3, 2, 1)
 NEW = Target("bbbb", 3, 2, 1)

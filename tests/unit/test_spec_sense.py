@@ -21,7 +21,7 @@ from pdmtp.core import planner
 from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, Target
 from pdmtp.core.validation import validate
-from pdmtp.simulate import SimCluster, run
+from pdmtp.tools.simulate import SimCluster, run
 
 Doc = dict[str, Any]
 

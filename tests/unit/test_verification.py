@@ -26,7 +26,7 @@ from pdmtp.core.rollout import Health, steer
 from pdmtp.core.scaling import PodMetrics
 from pdmtp.core.verdict import Finding, Handoff, Outcome, Verdict
 from pdmtp.core.verification import expected_backoff, gate, verdicts
-from pdmtp.simulate import SimCluster, run
+from pdmtp.tools.simulate import SimCluster, run
 from rollout_strategies import policies, targets
 
 from tests.support.fake_cluster import FakeCluster

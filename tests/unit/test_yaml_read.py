@@ -1,5 +1,5 @@
-"""pdmtp.yamlread reads every file of the YAML corpus (tests/cluster/yaml_corpus.py) into exactly
-what kubectl sends for it, types included (2 and 2.0 are not the same JSON to a schema), and
+"""pdmtp.tools.yamlread reads every file of the YAML corpus (tests/cluster/yaml_corpus.py) into
+exactly what kubectl sends for it, types included (2 and 2.0 are not the same JSON to a schema), and
 `pdmtp validate` judges that object."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import yaml
 from builders import pdd
 from cluster.yaml_corpus import CASES, Case, Refused, table, typed
-from pdmtp import yamlread
 from pdmtp.cli import main
-from pdmtp.yamlread import ReadError, read_stream
+from pdmtp.tools import yamlread
+from pdmtp.tools.yamlread import ReadError, read_stream
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

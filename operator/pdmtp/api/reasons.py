@@ -4,7 +4,7 @@
 Every reason is registered with what it belongs to (a condition type, or `EVENT`), what it
 means, and, where it reports a problem, what an operator of the cluster sees and what to do about
 it. docs/api-reference.md is generated from that table (`REASONS`), and so is the README's
-troubleshooting table (`pdmtp.api.readme`): a reason added here appears in both (and the drift
+troubleshooting table (`pdmtp.tools.readme`): a reason added here appears in both (and the drift
 tests fail until they are regenerated).
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pdmtp.api.docs import field_reference
 from pdmtp.cli.inputs import Subparsers
+from pdmtp.tools.reference import field_reference
 
 
 def add_parser(subparsers: Subparsers) -> None:

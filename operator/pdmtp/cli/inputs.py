@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import ValidationError
 
-from pdmtp import yamlread
 from pdmtp.api import crd
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.validation import field_problems
+from pdmtp.tools import yamlread
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -33,7 +33,7 @@ class UnusableInput(Exception):
 
 def load_documents(path: str) -> list[Any]:
     """The objects of a file ('-' is standard input) as kubectl would send them
-    (pdmtp.yamlread: the same YAML and JSON reading, a `List`'s items one by one)."""
+    (pdmtp.tools.yamlread: the same YAML and JSON reading, a `List`'s items one by one)."""
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
@@ -84,7 +84,7 @@ def without_status(doc: dict[str, Any]) -> dict[str, Any]:
 
 def as_stored(doc: Any) -> Any:
     """A PDDeployment document as the API server takes it in: .status dropped (`without_status`)
-    and nulls of known fields dropped (pdmtp.yamlread.drop_nulls: `replicas: ~` is `replicas`
+    and nulls of known fields dropped (pdmtp.tools.yamlread.drop_nulls: `replicas: ~` is `replicas`
     left out, defaulted)."""
     return yamlread.drop_nulls(without_status(doc), _schema()) if isinstance(doc, dict) else doc
 

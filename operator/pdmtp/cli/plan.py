@@ -8,7 +8,6 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from pdmtp import simulate
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ROLES
 from pdmtp.cli.inputs import EXIT_INCOMPATIBLE, Subparsers, UnusableInput, load_one
@@ -16,7 +15,8 @@ from pdmtp.core.agreement import check
 from pdmtp.core.invariants import InvariantMonitor
 from pdmtp.core.planner import Policy, Step, Target
 from pdmtp.core.revision import role_hash, target_and_policy
-from pdmtp.simulate import InvariantViolation, SimCluster, Trace
+from pdmtp.tools import simulate
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace
 
 
 def add_parser(subparsers: Subparsers) -> None:

@@ -8,7 +8,6 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdmtp import yamlread
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
@@ -27,6 +26,7 @@ from pdmtp.cli.inputs import (
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.revision import revision_of
 from pdmtp.core.validation import Problem, validate
+from pdmtp.tools import yamlread
 
 INVALID = reasons.INVALID_SPEC
 

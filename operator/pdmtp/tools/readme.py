@@ -5,8 +5,8 @@ own; `refresh` replaces what is between them with what `BLOCKS[NAME]` renders an
 other line as it is. A file that lacks a registered block's markers, or holds a block no one
 registered, is refused rather than half-refreshed.
 
-    python -m pdmtp.api.readme README.md           rewrite the blocks in place (`make generate`)
-    python -m pdmtp.api.readme --check README.md   exit 1 with a diff on drift (`make verify`)
+    python -m pdmtp.tools.readme README.md           rewrite the blocks in place (`make generate`)
+    python -m pdmtp.tools.readme --check README.md   exit 1 with a diff on drift (`make verify`)
 
 Pure but for `main`, which reads and writes the file it is given.
 """
@@ -75,7 +75,7 @@ def refresh(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pdmtp.api.readme", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pdmtp.tools.readme", description=__doc__)
     parser.add_argument("file", type=Path, help="the Markdown file to refresh (README.md)")
     parser.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 with a diff if it drifted"
