@@ -31,18 +31,11 @@ import json
 import math
 import re
 import struct
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 from yaml.events import (
     AliasEvent,
-    MappingEndEvent,
-    MappingStartEvent,
-    ScalarEvent,
-    SequenceEndEvent,
-    SequenceStartEvent,
-    StreamEndEvent,
 )
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -248,96 +241,70 @@ def go_string(data: bytes) -> str:
     return "".join(out)
 
 
-# ---- step 2: go-yaml v2's tree and decoder -----------------------------------------------------
+# ---- step 2: PyYAML's parser and composer, go-yaml v2's resolver and decoder ----------------
 
 
-@dataclass(eq=False)
-class _Node:
-    kind: str  # scalar | sequence | mapping | alias
-    line: int  # 0-based, within the piece
-    tag: str = ""
-    value: str = ""
-    implicit: bool = False
-    children: list[_Node] = field(default_factory=list)
-    target: _Node | None = None  # an alias's anchored node
-    anchor: str = ""
+class _GoComposer(yaml.composer.Composer, yaml.resolver.BaseResolver):
+    """PyYAML's composer as go-yaml v2 composes: an anchor defined again replaces the earlier one,
+    an unknown alias is refused in go-yaml's words, and nesting is bounded. A plain scalar keeps
+    the tag "" (resolved when decoded, as go-yaml resolves it); a quoted one, or one tagged `!`,
+    is a string."""
+
+    depth = 0
+    nonspecific = False
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is yaml.ScalarNode:
+            return "" if implicit[0] and not self.nonspecific else STR
+        return str(super().resolve(kind, value, implicit))  # type: ignore[no-untyped-call]
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()  # type: ignore[attr-defined]
+        if isinstance(event, AliasEvent):
+            if event.anchor not in self.anchors:
+                raise ReadError(f"yaml: unknown anchor '{event.anchor}' referenced")
+        else:
+            self.anchors.pop(event.anchor, None)
+        self.nonspecific = getattr(event, "tag", None) == "!"
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                raise ReadError(
+                    f"nesting deeper than {MAX_DEPTH} levels", event.start_mark.line + 1
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
-class _Parser(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
-    """PyYAML's reader, scanner and parser (libyaml's design, as go-yaml's is): events only."""
+class _Loader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _GoComposer):
+    """PyYAML's own parser under the composer."""
 
     def __init__(self, text: str) -> None:
         yaml.reader.Reader.__init__(self, text)
         yaml.scanner.Scanner.__init__(self)
         yaml.parser.Parser.__init__(self)
-
-    def next(self) -> Any:
-        return self.get_event()  # type: ignore[no-untyped-call]
-
-
-class _CParser:
-    """libyaml's own parser (go-yaml v2 is a port of it), where PyYAML was built with it: the
-    same events as _Parser, ten times faster."""
-
-    def __init__(self, text: str) -> None:
-        from yaml import _yaml
-
-        self._p = _yaml.CParser(text)
-
-    def next(self) -> Any:
-        return self._p.get_event()
-
-    def check_event(self, *choices: type) -> bool:
-        return bool(self._p.check_event(*choices))
+        _GoComposer.__init__(self)
+        yaml.resolver.BaseResolver.__init__(self)
 
 
-def _parser(text: str) -> _Parser | _CParser:
-    return _CParser(text) if yaml.__with_libyaml__ else _Parser(text)
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _CLoader(_GoComposer, CParser):
+        """libyaml's parser (go-yaml v2 is a port of it) under the composer: the same events as
+        PyYAML's own, ten times faster."""
+
+        def __init__(self, text: str) -> None:
+            CParser.__init__(self, text)
+            _GoComposer.__init__(self)
+            yaml.resolver.BaseResolver.__init__(self)
 
 
-def _first_document(text: str) -> _Node | None:
-    """The first document of `text` as go-yaml v2's parser builds it (anchors may be redefined,
-    a later definition wins); None for an empty stream."""
-    p = _parser(text)
-    p.next()  # stream start
-    if p.check_event(StreamEndEvent):
-        return None
-    p.next()  # document start
-    anchors: dict[str, _Node] = {}
-    depth = 0
-
-    def compose() -> _Node:
-        nonlocal depth
-        event = p.next()
-        line = event.start_mark.line
-        if isinstance(event, AliasEvent):
-            if event.anchor not in anchors:
-                raise ReadError(f"yaml: unknown anchor '{event.anchor}' referenced")
-            return _Node("alias", line, value=event.anchor, target=anchors[event.anchor])
-        if isinstance(event, ScalarEvent):
-            tag = event.tag or ""
-            plain = event.implicit[0] or tag == "!"
-            node = _Node("scalar", line, tag=tag, value=event.value, implicit=plain)
-        elif isinstance(event, SequenceStartEvent):
-            node = _Node("sequence", line, tag=event.tag or "")
-        else:
-            assert isinstance(event, MappingStartEvent)
-            node = _Node("mapping", line, tag=event.tag or "")
-        if event.anchor is not None:
-            node.anchor = event.anchor
-            anchors[event.anchor] = node
-        end = SequenceEndEvent if node.kind == "sequence" else MappingEndEvent
-        if node.kind != "scalar":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ReadError(f"nesting deeper than {MAX_DEPTH} levels", line + 1)
-            while not p.check_event(end):
-                node.children.append(compose())
-            p.next()
-            depth -= 1
-        return node
-
-    return compose()
+def _first_document(text: str) -> yaml.Node | None:
+    """The first document of `text` (go-yaml v2 reads no further); None for an empty stream."""
+    loader = _CLoader(text) if yaml.__with_libyaml__ else _Loader(text)
+    return loader.get_node() if loader.check_node() else None
 
 
 def _allowed_alias_ratio(decodes: int) -> float:
@@ -350,56 +317,46 @@ def _allowed_alias_ratio(decodes: int) -> float:
 
 class _Decoder:
     """go-yaml v2's decoder into interface{}, not strict, as kubectl uses it: a duplicate key
-    replaces the earlier value (merged keys too, in document order), and is noted."""
+    replaces the earlier value (merged keys too, in document order), and is noted. An alias is
+    the anchored node itself (PyYAML's composer shares it), decoded again each time it is met."""
 
     def __init__(self) -> None:
         self.decodes = 0
-        self.aliases = 0
-        self.active: set[int] = set()  # aliased nodes being decoded (self-containment)
+        self.aliased = 0  # of those, decoded inside an alias
+        self.inside = 0  # aliases being decoded
+        self.seen: set[int] = set()  # nodes decoded once: met again, they are aliases
+        self.active: set[int] = set()  # nodes being decoded (an alias inside is a cycle)
         self.duplicates: list[tuple[int, str]] = []  # (0-based line, go-yaml's strict words)
 
     def count(self) -> None:
         """go-yaml v2's guard: nodes decoded inside an alias against all nodes decoded."""
         self.decodes += 1
-        if self.active:
-            self.aliases += 1
-        if (
-            self.aliases > 100
-            and self.decodes > 1000
-            and self.aliases / self.decodes > _allowed_alias_ratio(self.decodes)
-        ):
+        self.aliased += self.inside > 0
+        ratio = _allowed_alias_ratio(self.decodes)
+        if self.aliased > 100 and self.decodes > 1000 and self.aliased / self.decodes > ratio:
             raise ReadError("yaml: document contains excessive aliasing")
 
-    def enter(self, n: _Node) -> _Node:
-        """The anchored node of alias `n`, marked as being decoded (call leave after)."""
-        assert n.target is not None
-        if id(n.target) in self.active:
-            raise ReadError(f"yaml: anchor '{n.value}' value contains itself")
-        self.active.add(id(n.target))
-        return n.target
+    def value(self, n: yaml.Node) -> Any:
+        if id(n) in self.active:
+            raise ReadError("yaml: anchor value contains itself")
+        alias = id(n) in self.seen
+        self.seen.add(id(n))
+        self.active.add(id(n))
+        self.inside += alias
+        try:
+            self.count()
+            if isinstance(n, yaml.ScalarNode):
+                return self.scalar(n)
+            if isinstance(n, yaml.SequenceNode):
+                return [self.value(c) for c in n.value]
+            out: dict[Any, Any] = {}
+            self.mapping(n, out)
+            return out
+        finally:
+            self.active.discard(id(n))
+            self.inside -= alias
 
-    def leave(self, n: _Node) -> None:
-        self.active.discard(id(n.target))
-
-    def value(self, n: _Node) -> Any:
-        self.count()
-        if n.kind == "alias":
-            target = self.enter(n)
-            try:
-                return self.value(target)
-            finally:
-                self.leave(n)
-        if n.kind == "scalar":
-            return self.scalar(n)
-        if n.kind == "sequence":
-            return [self.value(c) for c in n.children]
-        out: dict[Any, Any] = {}
-        self.mapping(n, out)
-        return out
-
-    def scalar(self, n: _Node) -> Any:
-        if n.tag == "" and not n.implicit:
-            return n.value
+    def scalar(self, n: yaml.ScalarNode) -> Any:
         tag, resolved = resolve(n.tag, n.value)
         if tag == BINARY:
             try:
@@ -407,14 +364,10 @@ class _Decoder:
             except (binascii.Error, ValueError):
                 raise ReadError("yaml: !!binary value contains invalid base64 data") from None
             return _Bytes(data)
-        if tag == MERGE:
-            return n.value
         return resolved
 
-    def mapping(self, n: _Node, out: dict[Any, Any]) -> None:
-        kids = n.children
-        for i in range(0, len(kids), 2):
-            key_node, value_node = kids[i], kids[i + 1]
+    def mapping(self, n: yaml.Node, out: dict[Any, Any]) -> None:
+        for key_node, value_node in n.value:
             if _is_merge(key_node):
                 self.merge(value_node, out)
                 continue
@@ -424,37 +377,21 @@ class _Decoder:
             value = self.value(value_node)
             marker = _key_marker(key)
             if marker in out:
-                self.duplicates.append((value_node.line, f"key {_go_repr(key)} already set in map"))
+                line = value_node.start_mark.line
+                self.duplicates.append((line, f"key {_go_repr(key)} already set in map"))
             out[marker] = value
 
-    def merge(self, n: _Node, out: dict[Any, Any]) -> None:
-        want_map = ReadError("yaml: map merge requires map or sequence of maps as the value")
-        if n.kind == "mapping" or (n.kind == "alias" and n.target and n.target.kind == "mapping"):
-            self._merge_one(n, out)
-        elif n.kind == "sequence":
-            for child in reversed(n.children):  # earlier maps take precedence
-                target = child.target if child.kind == "alias" else child
-                if target is None or target.kind != "mapping":
-                    raise want_map
-                self._merge_one(child, out)
-        else:
-            raise want_map
-
-    def _merge_one(self, n: _Node, out: dict[Any, Any]) -> None:
-        self.count()
-        if n.kind != "alias":
-            self.mapping(n, out)
-            return
-        target = self.enter(n)
-        try:
+    def merge(self, n: yaml.Node, out: dict[Any, Any]) -> None:
+        maps = n.value if isinstance(n, yaml.SequenceNode) else [n]
+        if not all(isinstance(m, yaml.MappingNode) for m in maps):
+            raise ReadError("yaml: map merge requires map or sequence of maps as the value")
+        for m in reversed(maps):  # earlier maps take precedence
             self.count()
-            self.mapping(target, out)
-        finally:
-            self.leave(n)
+            self.mapping(m, out)
 
 
-def _is_merge(n: _Node) -> bool:
-    return n.kind == "scalar" and n.value == "<<" and (n.implicit or n.tag == MERGE)
+def _is_merge(n: yaml.Node) -> bool:
+    return isinstance(n, yaml.ScalarNode) and n.value == "<<" and n.tag in ("", MERGE)
 
 
 class _Bytes(bytes):
@@ -493,22 +430,10 @@ def _key_marker(key: Any) -> Any:
 
 
 def _go_repr(value: Any) -> str:
-    """fmt's %#v of a decoded key, as go-yaml v2's messages show it."""
+    """A key as go-yaml v2's messages show it: a string quoted, anything else as written."""
     if isinstance(value, _Key):
         return _go_repr(value.value)
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if value is None:
-        return "interface {}(nil)"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return _go_float(value, exp_at=21)
-    if isinstance(value, dict):
-        return "map[interface {}]interface {}{...}"
-    if isinstance(value, list):
-        return "[]interface {}{...}"
-    return str(value)
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
 
 
 # ---- step 2: sigs.k8s.io/yaml's JSON, step 3: kubectl's unstructured object ----------------------
@@ -523,40 +448,25 @@ def _float32(value: float) -> float:
     return rounded
 
 
-def _shortest_digits(value: float, bits: int) -> tuple[str, int]:
-    """The shortest decimal digits that read back as `value` at this precision, and the decimal
-    exponent of the first digit (Go's shortest formatting)."""
-    for precision in range(1, 18):
-        text = f"{value:.{precision - 1}e}"
-        back = float(text)
-        if (_float32(back) if bits == 32 else back) == value:
-            mantissa, exponent = text.split("e")
-            return mantissa.replace(".", "").lstrip("-"), int(exponent)
-    raise AssertionError(value)
-
-
-def _go_float(value: float, bits: int = 64, exp_at: int = 6) -> str:
-    """Go's shortest formatting of a float: strconv.FormatFloat(value, 'g', -1, bits) with
-    exp_at 6, fmt's %v with exp_at 21."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if bits == 32:
-        value = _float32(value)
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-    sign = "-" if math.copysign(1.0, value) < 0 else ""
-    if value == 0:
-        return sign + "0"
-    digits, exp = _shortest_digits(abs(value), bits)
-    if exp < -4 or exp >= exp_at:
-        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{sign}{mantissa}e{'-' if exp < 0 else '+'}{abs(exp):02d}"
+def _float32_key(value: float) -> str:
+    """A float map key as sigs.k8s.io/yaml writes it: strconv.FormatFloat(value, 'g', -1, 32),
+    the shortest digits that read back as the same float32, with an exponent outside 1e-4 to
+    1e6; infinities and NaN in YAML's words."""
+    single = _float32(value)
+    if not math.isfinite(single):
+        return ".nan" if math.isnan(single) else ".inf" if single > 0 else "-.inf"
+    if single == 0:
+        return "-0" if math.copysign(1.0, single) < 0 else "0"
+    text = next(t for p in range(9) if _float32(float(t := f"{single:.{p}e}")) == single)
+    mantissa, exponent = text.split("e")
+    sign = "-" if mantissa.startswith("-") else ""
+    digits, exp = mantissa.lstrip("-").replace(".", ""), int(exponent)
+    if exp < -4 or exp >= 6:
+        point = "." + digits[1:] if len(digits) > 1 else ""
+        return f"{sign}{digits[0]}{point}e{exponent[0]}{abs(exp):02d}"
     if exp < 0:
         return f"{sign}0.{'0' * (-exp - 1)}{digits}"
-    whole = digits[: exp + 1].ljust(exp + 1, "0")
-    frac = digits[exp + 1 :]
+    whole, frac = digits[: exp + 1].ljust(exp + 1, "0"), digits[exp + 1 :]
     return sign + whole + ("." + frac if frac else "")
 
 
@@ -574,8 +484,7 @@ def _json_key(key: Any) -> str:
     if isinstance(value, int) and not isinstance(value, _Uint):
         return str(value)
     if isinstance(value, float):
-        text = _go_float(value, bits=32)
-        return {"+Inf": ".inf", "-Inf": "-.inf", "NaN": ".nan"}.get(text, text)
+        return _float32_key(value)
     kind = "uint64" if isinstance(value, _Uint) else "%!s(<nil>)"
     raise ReadError(f"error converting YAML to JSON: unsupported map key of type: {kind}")
 
@@ -587,7 +496,8 @@ def _number(value: int | float) -> int | float:
         return value if INT64_MIN <= value <= INT64_MAX else float(value)
     if math.isnan(value) or math.isinf(value):
         raise ReadError(
-            f"error converting YAML to JSON: json: unsupported value: {_go_float(value)}"
+            "error converting YAML to JSON: json: unsupported value: "
+            + ("NaN" if math.isnan(value) else "+Inf" if value > 0 else "-Inf")
         )
     if value.is_integer() and abs(value) < 1e21 and INT64_MIN <= value <= INT64_MAX:
         return int(value)
