@@ -7,8 +7,8 @@ every name they use to this registry (or to the engines' exposition)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -17,8 +17,6 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from pdmtp.core.reconcile import Decision, Report
 
 LABELS = ("namespace", "name")
@@ -29,194 +27,215 @@ PROBE_RESULTS = ("ok", "failed", "recorded")
 """The autoscaler's decisions, by the way they moved a role's desired count."""
 
 
+C = TypeVar("C", Counter, Gauge, Histogram)
+
+
+class Declared(Generic[C]):
+    """One row of the metrics table (`Metrics`' class body): the collector's type, name, help and
+    labels. Each `Metrics` holds its own collector for it, in its own registry."""
+
+    def __init__(
+        self,
+        kind: type[C],
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        buckets: Sequence[float] | None = None,
+    ) -> None:
+        self.kind: type[C] = kind
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.buckets = buckets
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def create(self, registry: CollectorRegistry) -> C:
+        options: dict[str, Any] = {} if self.buckets is None else {"buckets": self.buckets}
+        collector: C = self.kind(
+            self.name, self.documentation, self.labels, registry=registry, **options
+        )
+        return collector
+
+    @overload
+    def __get__(self, metrics: None, owner: type) -> Declared[C]: ...
+    @overload
+    def __get__(self, metrics: Metrics, owner: type) -> C: ...
+    def __get__(self, metrics: Metrics | None, owner: type) -> C | Declared[C]:
+        return self if metrics is None else cast(C, metrics.__dict__[self.attr])
+
+
 class Metrics:
-    """The operator's metrics, in a registry of their own (tests build as many as they like)."""
+    """The operator's metrics, declared as a table (one `Declared` each, in exposition order),
+    in a registry of their own (tests build as many as they like)."""
+
+    # The running build, as kube-state-metrics' *_info series: always 1, the version a label.
+    build_info = Declared(
+        Gauge, "pdmtp_build_info", "The pdmtp operator build that is running.", ("version",)
+    )
+    leader = Declared(
+        Gauge,
+        "pdmtp_leader",
+        "1 while this operator process holds the leader Lease and reconciles; 0 while it"
+        " stands by (always 1 when run without leader election).",
+        ("identity",),
+    )
+    fenced_writes = Declared(
+        Counter,
+        "pdmtp_fenced_writes_total",
+        "Writes not sent because this process does not hold the leader Lease (a standby,"
+        " or a leader whose last renewal is older than the renew deadline).",
+    )
+    reconciles = Declared(Counter, "pdmtp_reconcile_total", "Reconciles run.", LABELS)
+    reconcile_errors = Declared(
+        Counter, "pdmtp_reconcile_errors_total", "Reconciles that failed and were retried.", LABELS
+    )
+    duration = Declared(
+        Histogram,
+        "pdmtp_reconcile_duration_seconds",
+        "Time to observe, decide, apply and report.",
+        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    )
+    api_requests = Declared(
+        Counter,
+        "pdmtp_api_requests_total",
+        "Kubernetes API requests of the reconciler, by verb (reads come from the caches).",
+        ("verb",),
+    )
+    watch_requests = Declared(
+        Counter,
+        "pdmtp_watch_requests_total",
+        "LIST and WATCH requests of the child caches' reflectors, by kind.",
+        ("kind", "verb"),
+    )
+    watched = Declared(
+        Gauge,
+        "pdmtp_resource_watched",
+        "1 while the operator's watch of the resource is open in the scope (namespace, or"
+        " empty for all); 0 while the API server does not serve it or cannot be reached.",
+        ("resource", "scope"),
+    )
+    cached_objects = Declared(
+        Gauge, "pdmtp_cached_objects", "Child objects held by the watch-fed caches."
+    )
+    refused = Declared(
+        Counter, "pdmtp_child_writes_refused_total", "Child writes the API server refused.", LABELS
+    )
+    stale_writes = Declared(
+        Counter,
+        "pdmtp_stale_writes_total",
+        "Conditional writes (replicas, applies over a version, status) refused because the"
+        " object changed since it was observed (the step stops and is planned again).",
+    )
+    writes = Declared(
+        Counter,
+        "pdmtp_child_writes_total",
+        "Child objects created, updated, scaled or deleted.",
+        (*LABELS, "action"),
+    )
+    validation_failures = Declared(
+        Counter,
+        "pdmtp_validation_failures_total",
+        "Reconciles that found the spec incompatible, by reason.",
+        (*LABELS, "reason"),
+    )
+    compatible = Declared(
+        Gauge, "pdmtp_config_compatible", "1 when both roles agree on the MTP lookahead.", LABELS
+    )
+    revisions = Declared(
+        Gauge, "pdmtp_revisions", "Revisions with workloads (2+ during a rollout).", LABELS
+    )
+    progress = Declared(
+        Gauge,
+        "pdmtp_rollout_progress_ratio",
+        "Ready engine pods at the update revision over desired engine pods.",
+        LABELS,
+    )
+    ready = Declared(
+        Gauge, "pdmtp_ready_pods", "Ready pods by role (all revisions).", (*LABELS, "role")
+    )
+    desired = Declared(
+        Gauge,
+        "pdmtp_desired_pods",
+        "Desired pods by role: spec.<role>.replicas or the autoscaler's count (status.roles).",
+        (*LABELS, "role"),
+    )
+    # kube-state-metrics' style: one series per current condition, valued 1, so an alert can
+    # select on the reason; a condition's previous reason is removed, not left at 0.
+    condition = Declared(
+        Gauge,
+        "pdmtp_condition",
+        "1 for each condition a PDDeployment's status holds, with its status and reason.",
+        CONDITION_LABELS,
+    )
+    verdict = Declared(
+        Gauge,
+        "pdmtp_revision_verdict",
+        "1 for each revision's current verdict on its P/D path, with its reason "
+        "(status.revisions[].verification).",
+        (*LABELS, "revision", "verdict", "reason"),
+    )
+    acceptance = Declared(
+        Gauge,
+        "pdmtp_revision_acceptance_length",
+        "Accepted MTP tokens per draft over a revision's decodes' lifetime.",
+        (*LABELS, "revision"),
+    )
+    probes = Declared(
+        Counter,
+        "pdmtp_verification_probes_total",
+        "Requests the operator sent through a revision's router so that its verdict could"
+        " be reached without traffic, by result: ok, failed, or recorded (a test's probe"
+        " target, nothing dialled).",
+        (*LABELS, "result"),
+    )
+    rollbacks = Declared(
+        Counter,
+        "pdmtp_rollbacks_total",
+        f"Rollbacks started (the {reasons.ROLLBACK_STARTED} event): a new revision failed"
+        " and the old one is scaled back.",
+        LABELS,
+    )
+
+    autoscaler_desired = Declared(
+        Gauge,
+        "pdmtp_autoscaler_desired_replicas",
+        "The count the autoscaler rolls an engine role to (spec.autoscaling).",
+        (*LABELS, "role"),
+    )
+    autoscaler_recommended = Declared(
+        Gauge,
+        "pdmtp_autoscaler_recommended_replicas",
+        "The autoscaler's raw recommendation, before stabilisation, step limits, min/max and"
+        " the ratio band.",
+        (*LABELS, "role"),
+    )
+    autoscaler_signal = Declared(
+        Gauge,
+        "pdmtp_autoscaler_signal_value",
+        "A signal as the last evaluation read it (absent while missing).",
+        (*LABELS, "role", "signal"),
+    )
+    autoscaler_coverage = Declared(
+        Gauge,
+        "pdmtp_autoscaler_signal_coverage",
+        "1 for each signal's coverage at the last evaluation: full, partial (some Ready pods"
+        " did not report), missing (none did) or quiet (nothing to measure).",
+        COVERAGE_LABELS,
+    )
+    autoscaler_decisions = Declared(
+        Counter,
+        "pdmtp_autoscaler_decisions_total",
+        "Decisions that changed a role's desired count, by direction (up or down).",
+        (*LABELS, "role", "direction"),
+    )
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        # The running build, as kube-state-metrics' *_info series: always 1, the version a label.
-        self.build_info = Gauge(
-            "pdmtp_build_info",
-            "The pdmtp operator build that is running.",
-            ("version",),
-            registry=self.registry,
-        )
+        for attr, declared in vars(Metrics).items():
+            if isinstance(declared, Declared):
+                self.__dict__[attr] = declared.create(self.registry)
         self.build_info.labels(__version__).set(1)
-        self.leader = Gauge(
-            "pdmtp_leader",
-            "1 while this operator process holds the leader Lease and reconciles; 0 while it"
-            " stands by (always 1 when run without leader election).",
-            ("identity",),
-            registry=self.registry,
-        )
-        self.fenced_writes = Counter(
-            "pdmtp_fenced_writes_total",
-            "Writes not sent because this process does not hold the leader Lease (a standby,"
-            " or a leader whose last renewal is older than the renew deadline).",
-            registry=self.registry,
-        )
-        self.reconciles = Counter(
-            "pdmtp_reconcile_total", "Reconciles run.", LABELS, registry=self.registry
-        )
-        self.reconcile_errors = Counter(
-            "pdmtp_reconcile_errors_total",
-            "Reconciles that failed and were retried.",
-            LABELS,
-            registry=self.registry,
-        )
-        self.duration = Histogram(
-            "pdmtp_reconcile_duration_seconds",
-            "Time to observe, decide, apply and report.",
-            registry=self.registry,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-        )
-        self.api_requests = Counter(
-            "pdmtp_api_requests_total",
-            "Kubernetes API requests of the reconciler, by verb (reads come from the caches).",
-            ("verb",),
-            registry=self.registry,
-        )
-        self.watch_requests = Counter(
-            "pdmtp_watch_requests_total",
-            "LIST and WATCH requests of the child caches' reflectors, by kind.",
-            ("kind", "verb"),
-            registry=self.registry,
-        )
-        self.watched = Gauge(
-            "pdmtp_resource_watched",
-            "1 while the operator's watch of the resource is open in the scope (namespace, or"
-            " empty for all); 0 while the API server does not serve it or cannot be reached.",
-            ("resource", "scope"),
-            registry=self.registry,
-        )
-        self.cached_objects = Gauge(
-            "pdmtp_cached_objects",
-            "Child objects held by the watch-fed caches.",
-            registry=self.registry,
-        )
-        self.refused = Counter(
-            "pdmtp_child_writes_refused_total",
-            "Child writes the API server refused.",
-            LABELS,
-            registry=self.registry,
-        )
-        self.stale_writes = Counter(
-            "pdmtp_stale_writes_total",
-            "Conditional writes (replicas, applies over a version, status) refused because the"
-            " object changed since it was observed (the step stops and is planned again).",
-            registry=self.registry,
-        )
-        self.writes = Counter(
-            "pdmtp_child_writes_total",
-            "Child objects created, updated, scaled or deleted.",
-            (*LABELS, "action"),
-            registry=self.registry,
-        )
-        self.validation_failures = Counter(
-            "pdmtp_validation_failures_total",
-            "Reconciles that found the spec incompatible, by reason.",
-            (*LABELS, "reason"),
-            registry=self.registry,
-        )
-        self.compatible = Gauge(
-            "pdmtp_config_compatible",
-            "1 when both roles agree on the MTP lookahead.",
-            LABELS,
-            registry=self.registry,
-        )
-        self.revisions = Gauge(
-            "pdmtp_revisions",
-            "Revisions with workloads (2+ during a rollout).",
-            LABELS,
-            registry=self.registry,
-        )
-        self.progress = Gauge(
-            "pdmtp_rollout_progress_ratio",
-            "Ready engine pods at the update revision over desired engine pods.",
-            LABELS,
-            registry=self.registry,
-        )
-        self.ready = Gauge(
-            "pdmtp_ready_pods",
-            "Ready pods by role (all revisions).",
-            (*LABELS, "role"),
-            registry=self.registry,
-        )
-        self.desired = Gauge(
-            "pdmtp_desired_pods",
-            "Desired pods by role: spec.<role>.replicas or the autoscaler's count (status.roles).",
-            (*LABELS, "role"),
-            registry=self.registry,
-        )
-        # kube-state-metrics' style: one series per current condition, valued 1, so an alert can
-        # select on the reason; a condition's previous reason is removed, not left at 0.
-        self.condition = Gauge(
-            "pdmtp_condition",
-            "1 for each condition a PDDeployment's status holds, with its status and reason.",
-            CONDITION_LABELS,
-            registry=self.registry,
-        )
-        self.verdict = Gauge(
-            "pdmtp_revision_verdict",
-            "1 for each revision's current verdict on its P/D path, with its reason "
-            "(status.revisions[].verification).",
-            (*LABELS, "revision", "verdict", "reason"),
-            registry=self.registry,
-        )
-        self.acceptance = Gauge(
-            "pdmtp_revision_acceptance_length",
-            "Accepted MTP tokens per draft over a revision's decodes' lifetime.",
-            (*LABELS, "revision"),
-            registry=self.registry,
-        )
-        self.probes = Counter(
-            "pdmtp_verification_probes_total",
-            "Requests the operator sent through a revision's router so that its verdict could"
-            " be reached without traffic, by result: ok, failed, or recorded (a test's probe"
-            " target, nothing dialled).",
-            (*LABELS, "result"),
-            registry=self.registry,
-        )
-        self.rollbacks = Counter(
-            "pdmtp_rollbacks_total",
-            f"Rollbacks started (the {reasons.ROLLBACK_STARTED} event): a new revision failed"
-            " and the old one is scaled back.",
-            LABELS,
-            registry=self.registry,
-        )
-
-        self.autoscaler_desired = Gauge(
-            "pdmtp_autoscaler_desired_replicas",
-            "The count the autoscaler rolls an engine role to (spec.autoscaling).",
-            (*LABELS, "role"),
-            registry=self.registry,
-        )
-        self.autoscaler_recommended = Gauge(
-            "pdmtp_autoscaler_recommended_replicas",
-            "The autoscaler's raw recommendation, before stabilisation, step limits, min/max and"
-            " the ratio band.",
-            (*LABELS, "role"),
-            registry=self.registry,
-        )
-        self.autoscaler_signal = Gauge(
-            "pdmtp_autoscaler_signal_value",
-            "A signal as the last evaluation read it (absent while missing).",
-            (*LABELS, "role", "signal"),
-            registry=self.registry,
-        )
-        self.autoscaler_coverage = Gauge(
-            "pdmtp_autoscaler_signal_coverage",
-            "1 for each signal's coverage at the last evaluation: full, partial (some Ready pods"
-            " did not report), missing (none did) or quiet (nothing to measure).",
-            COVERAGE_LABELS,
-            registry=self.registry,
-        )
-        self.autoscaler_decisions = Counter(
-            "pdmtp_autoscaler_decisions_total",
-            "Decisions that changed a role's desired count, by direction (up or down).",
-            (*LABELS, "role", "direction"),
-            registry=self.registry,
-        )
         self._current: dict[tuple[str, str], dict[Gauge, set[tuple[str, ...]]]] = {}
         """Per PDDeployment, the label values of the one-per-state series set last time (the
         conditions, the signals' coverage): what the next observation removes if it is gone."""

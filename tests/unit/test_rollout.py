@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from builders import PDDBuilder, pdd
-from pdmtp.api.status import RolloutStatus
+from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.core.agreement import check
+from pdmtp.core.context import Context
 from pdmtp.core.observe import PodIssue, format_time
 from pdmtp.core.planner import RevisionState, RoleState, Step
 from pdmtp.core.revision import target_and_policy
@@ -27,9 +28,19 @@ def steering(
     promoted: str | None = None,
     generation: int = 1,
 ) -> Steering:
-    spec = b.build().spec
-    target, policy = target_and_policy(check(spec))
-    return steer(spec, target, policy, states, health, old, now, promoted, generation)
+    built = b.build()
+    agreement = check(built.spec)
+    target, policy = target_and_policy(agreement)
+    ctx = Context(
+        pdd=built,
+        agreement=agreement,
+        generation=generation,
+        old=PDDeploymentStatus(rollout=old),
+        now=now,
+        stamp=format_time(now),
+        promoted=promoted,
+    )
+    return steer(ctx, target, policy, states, health)
 
 
 def new_state(b: PDDBuilder, ready: int = 0) -> RevisionState:

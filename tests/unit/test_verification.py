@@ -15,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
+from pdmtp.api.status import PDDeploymentStatus
 from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
 from pdmtp.core.agreement import check
+from pdmtp.core.context import Context
 from pdmtp.core.invariants import InvariantMonitor
+from pdmtp.core.observe import format_time
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
@@ -183,12 +186,23 @@ def test_what_each_mode_makes_of_a_verdict(
 def _steer(
     b: PDDBuilder, states: list[RevisionState], judged: Outcome | None, promoted: str | None = None
 ) -> Any:
-    spec = b.build().spec
-    target, policy = target_and_policy(check(spec))
+    built = b.build()
+    spec = built.spec
+    agreement = check(spec)
+    target, policy = target_and_policy(agreement)
     health = Health(
         verification=gate(spec.effective_verification, None if judged is None else verdict(judged))
     )
-    return steer(spec, target, policy, states, health, None, NOW, promoted, 1)
+    ctx = Context(
+        pdd=built,
+        agreement=agreement,
+        generation=1,
+        old=PDDeploymentStatus(),
+        now=NOW,
+        stamp=format_time(NOW),
+        promoted=promoted,
+    )
+    return steer(ctx, target, policy, states, health)
 
 
 def _new(b: PDDBuilder) -> RevisionState:

@@ -39,6 +39,8 @@ from pdmtp.core.actions import (
     resource_version,
 )
 from pdmtp.core.agreement import Agreement, check
+from pdmtp.core.conditions import Transition
+from pdmtp.core.context import Context
 from pdmtp.core.evacuation import evacuate
 from pdmtp.core.events import (
     action_events,
@@ -48,8 +50,8 @@ from pdmtp.core.events import (
     stall_events,
 )
 from pdmtp.core.group_actions import group_actions
-from pdmtp.core.grouping import Group, groups_of, units, workloads
-from pdmtp.core.history import Recorded, history_actions, latest_spec, recorded
+from pdmtp.core.grouping import groups_of, units, workloads
+from pdmtp.core.history import history_actions, latest_spec, recorded
 from pdmtp.core.observe import (
     annotations_of,
     crash_looping,
@@ -67,7 +69,7 @@ from pdmtp.core.observe import (
     unschedulable,
     waits,
 )
-from pdmtp.core.planner import Policy, RevisionPlan, Step, Target, plan
+from pdmtp.core.planner import RevisionPlan, Step, plan
 from pdmtp.core.removal import EnginePod, Removal, gate
 from pdmtp.core.render import (
     engine_deployment,
@@ -85,6 +87,7 @@ from pdmtp.core.scaling import (
     scale,
 )
 from pdmtp.core.validation import validate
+from pdmtp.core.verdict import Verdict
 
 Obj = Mapping[str, Any]
 
@@ -119,24 +122,17 @@ class Report:
     events: tuple[Event, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Inputs:
     """What the status is built from, kept so `report` can add the refusals."""
 
-    pdd: PDDeployment
-    generation: int | None
-    old: PDDeploymentStatus
-    raw_old: Obj
-    agreement: Agreement
-    target: Target
-    policy: Policy
+    ctx: Context
     seen: status.Observations
-    stamp: str
-    retired: frozenset[str]
-    revision_keys: Mapping[str, frozenset[str]]
     steering: Steering
     record: RolloutStatus | None
     scaling: Scaling | None
+    retired: frozenset[str]
+    revision_keys: Mapping[str, frozenset[str]]
 
 
 @dataclass(frozen=True)
@@ -156,31 +152,19 @@ class Decision:
             assert self._unusable is not None
             return self._unusable
         i = self._inputs
-        new, transitions = status.build(
-            i.pdd.spec,
-            i.generation,
-            i.old,
-            i.agreement,
-            i.target,
-            i.policy,
-            i.seen,
-            i.stamp,
-            refused,
-            i.steering,
-            i.record,
-            i.scaling,
-        )
+        new, transitions = status.build(i.ctx, i.seen, i.steering, i.record, i.scaling, refused)
         written = status.as_dict(new)
         keys = {r.key for r in refused} | set(unapplied)
+        old = i.ctx.old
         events = [
             *rollout_events(i.steering),
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
             *action_events(self.actions, keys),
-            *condition_events(transitions, i.old.conditions, new.conditions),
-            *stall_events(i.old.waiting_for, new.waiting_for),
+            *condition_events(transitions, old.conditions, new.conditions),
+            *stall_events(old.waiting_for, new.waiting_for),
             *(i.scaling.events if i.scaling is not None else ()),
         ]
-        return Report(written, written != _without_none(i.raw_old), tuple(events))
+        return Report(written, written != _without_none(i.ctx.raw_old), tuple(events))
 
     @cached_property
     def accepted(self) -> Report:
@@ -211,158 +195,181 @@ def decide(observed: Observed, now: float) -> Decision:
     # 1. Validate.
     verdict = validate(body)
     if verdict.pdd is None or verdict.agreement is None:
-        new, transitions = status.unusable(old, generation, verdict.message(), stamp)
-        written = status.as_dict(new)
-        events = tuple(condition_events(transitions, old.conditions, new.conditions))
-        unusable = Report(written, written != _without_none(raw_status), events)
-        return Decision((), None, None, _unusable=unusable)
-    pdd, agreement = verdict.pdd, verdict.agreement
-    grouped = [r for r in v.ENGINE_ROLES if groups.shape_of(agreement, r) is not None]
-    if grouped and observed.workload_api is None:
-        message = (
-            f"spec.{grouped[0]}.multiNode needs the Kubernetes Workload API "
-            f"({v.WORKLOAD_API_GROUP} PodGroup, versions {', '.join(v.WORKLOAD_API_VERSIONS)}) "
-            "to gang-schedule its groups, and this API server serves none: enable the "
-            "GenericWorkload feature gate and the API (--runtime-config) on the control plane, "
-            "or remove multiNode"
-        )
-        new, transitions = status.unusable(
-            old, generation, message, stamp, reasons.WORKLOAD_API_UNAVAILABLE
-        )
-        written = status.as_dict(new)
-        events = tuple(condition_events(transitions, old.conditions, new.conditions))
-        unusable = Report(written, written != _without_none(raw_status), events)
-        return Decision((), None, None, _unusable=unusable)
-    spec_target, spec_policy = target_and_policy(agreement)
-    name = pdd.metadata.name
-    raw_pods = [p for p in observed.pods if labels_of(p).get(v.LABEL_NAME) == name]
-    pod_groups = [
-        o
-        for o in observed.others
-        if o.get("kind") == v.POD_GROUP_KIND and labels_of(o).get(v.LABEL_NAME) == name
-    ]
-    # A multi-node group counts as one replica: the core reads units (`grouping`).
-    observed_groups = groups_of(raw_pods, pod_groups)
-    pods = units(raw_pods, pod_groups)
+        refused = status.unusable(old, generation, verdict.message(), stamp)
+        return _unusable(refused, old, raw_status)
+    if (missing := _missing_workload_api(verdict.agreement, observed.workload_api)) is not None:
+        refused = status.unusable(old, generation, missing, stamp, reasons.WORKLOAD_API_UNAVAILABLE)
+        return _unusable(refused, old, raw_status)
+    ctx = _context(observed, verdict.pdd, verdict.agreement, old, raw_status, generation, now)
 
     # 1b. Autoscale: the counts the roles roll to (scaling is not a rollout: same revision).
+    spec_target, spec_policy = target_and_policy(ctx.agreement)
     scaling = None
-    if pdd.spec.autoscaling is not None:
-        external = role_scale_counts(observed.others, name)
-        scaling = scale(pdd.spec, old.autoscaling, pods, observed.metrics, external, now)
-        spec_target = replace(
-            spec_target, prefill=scaling.desired["prefill"], decode=scaling.desired["decode"]
-        )
+    if ctx.spec.autoscaling is not None:
+        external = role_scale_counts(ctx.others, ctx.name)
+        scaling = scale(ctx.spec, old.autoscaling, ctx.pods, ctx.metrics, external, now)
+        desired = scaling.desired
+        spec_target = replace(spec_target, prefill=desired["prefill"], decode=desired["decode"])
 
     # 2. Observe, and steer the rollout (pause, canary, deadline, rollback).
-    mine = [d for d in observed.deployments if labels_of(d).get(v.LABEL_NAME) == name]
-    states = revision_states([*mine, *workloads(observed_groups)], pods)
-    budgets_seen = [
-        o
-        for o in observed.others
-        if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == name
-    ]
+    states = revision_states([*ctx.deployments, *workloads(ctx.groups)], ctx.pods)
     # What each revision's decodes did (`core.verification`), and what that holds back.
+    verification_spec = ctx.spec.effective_verification
     judged = verification.verdicts(
-        pdd.spec.effective_verification, states, raw_pods, observed.metrics, spec_target.revision
+        verification_spec, states, ctx.raw_pods, ctx.metrics, spec_target.revision
     )
-    health = Health(
-        engine_failures(raw_pods),
-        crash_looping(raw_pods),
-        unschedulable(raw_pods),
-        waits(raw_pods, mine, budgets_seen, now, cordoned=observed.cordoned),
-        verification.gate(
-            pdd.spec.effective_verification,
-            judged.get(spec_target.revision) if spec_target.revision is not None else None,
-        ),
-    )
-    promoted = annotations_of(body).get(v.ANNOTATION_PROMOTE)
-    steering = steer(
-        pdd.spec, spec_target, spec_policy, states, health, old.rollout, now, promoted, generation
-    )
-    target, policy = steering.target, steering.policy
+    health = _health(ctx, judged.get(spec_target.revision or ""))
+    steering = steer(ctx, spec_target, spec_policy, states, health)
 
     # 3. Plan, and hold each scale-down until its pods are out of every router's list.
-    step = plan(states, target, policy, now)
+    step = plan(states, steering.target, steering.policy, now)
     # A serving decode whose KV pulls keep failing is marked, and moved as a pod on a cordoned
     # node is: its replacement first, then out of routing and removed through the gate.
+    failed = steering.failed_revision if steering.rolling_back else None
     to_replace = verification.replacements(
-        pdd.spec.effective_verification,
-        states,
-        raw_pods,
-        observed.metrics,
-        steering.failed_revision if steering.rolling_back else None,
+        verification_spec, states, ctx.raw_pods, ctx.metrics, failed
     )
-    replacing = {**verification.marked(raw_pods), **to_replace}
-    engines, routers = removal_view(pods, observed.cordoned, replacing)
-    removal = gate(evacuate(step.revisions, states, engines, policy), states, engines, routers)
+    replacing = {**verification.marked(ctx.raw_pods), **to_replace}
+    engines, routers = removal_view(ctx.pods, ctx.cordoned, replacing)
+    evacuated = evacuate(step.revisions, states, engines, steering.policy)
+    removal = gate(evacuated, states, engines, routers)
 
     # 4. Render and diff.
-    existing = {key_of({**o, "kind": "Deployment"}): o for o in mine}
-    existing.update({key_of(o): o for o in observed.others})
     actions: list[Action] = []
-    if agreement.compatible:
-        children = shared_children(pdd, agreement.settings)
-        actions += [a for m in children if (a := apply_if_drifted(m, existing))]
-    history = recorded(observed.others, name)
+    if ctx.agreement.compatible:
+        children = shared_children(ctx.pdd, ctx.agreement.settings)
+        actions += [a for m in children if (a := apply_if_drifted(m, ctx.existing))]
+    actions += _marks(removal, engines, stamp, to_replace)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
-    actions += _marks(removal, engines, stamp, to_replace)
     for p in removal.plans:
-        revision_actions = _revision_actions(
-            pdd,
-            p,
-            steering.spec_revision,
-            agreement,
-            existing,
-            pods,
-            history,
-            removal,
-            [g for g in observed_groups if g.revision == p.revision],
-            observed.workload_api,
-        )
+        revision_actions = _revision_actions(ctx, p, steering.spec_revision, removal)
         actions += revision_actions
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
             retired.add(p.revision)
-
-    actions += _orphan_budgets(name, {p.revision for p in removal.plans}, observed.others)
-
-    desired = {r: spec_target.replicas(r) for r in v.ENGINE_ROLES}
-    actions += role_scale_actions(pdd, desired, observed.others, pods)
-
+    actions += _orphan_budgets(ctx.name, {p.revision for p in removal.plans}, ctx.others)
+    desired_counts = {r: spec_target.replicas(r) for r in v.ENGINE_ROLES}
+    actions += role_scale_actions(ctx.pdd, desired_counts, ctx.others, ctx.pods)
     if steering.spec_revision is not None:
         live = {s.revision for s in states}
-        actions += history_actions(pdd, steering.spec_revision, history, existing, live)
+        history = history_actions(ctx.pdd, steering.spec_revision, ctx.history, ctx.existing, live)
+        actions += history
 
     # 5. Status and events come from `Decision.report`, after the shell's writes.
     # What the step waits for: the pods, budgets and drains above, and the removal gate's holds.
     facts = ordered(
-        [*health.waits, *replacing_waits(raw_pods, replacing), *listed_waits(removal.waiting)]
+        [*health.waits, *replacing_waits(ctx.raw_pods, replacing), *listed_waits(removal.waiting)]
     )
+    rejected = rejected_pods(ctx.deployments)
     seen = status.Observations(
-        states, step, health.failures, health.waiting, rejected_pods(mine), facts, judged
+        states, step, health.failures, health.waiting, rejected, facts, judged
     )
-    share = canary_traffic(states, target.revision) if step.outcome == "Held" else None
+    share = canary_traffic(states, steering.target.revision) if step.outcome == "Held" else None
     record = track(old.rollout, steering, step, states, now, share)
     inputs = _Inputs(
-        pdd,
-        generation,
-        old,
-        raw_status,
-        agreement,
-        target,
-        policy,
-        seen,
-        stamp,
-        frozenset(retired),
-        revision_keys,
-        steering,
-        record,
-        scaling,
+        ctx=ctx,
+        seen=seen,
+        steering=steering,
+        record=record,
+        scaling=scaling,
+        retired=frozenset(retired),
+        revision_keys=revision_keys,
     )
-    requeue = _requeue(step, record, pdd, now, scaling)
-    return Decision(tuple(actions), requeue, agreement, inputs)
+    requeue = _requeue(step, record, ctx.pdd, now, scaling)
+    return Decision(tuple(actions), requeue, ctx.agreement, inputs)
+
+
+def _unusable(
+    refused: tuple[PDDeploymentStatus, list[Transition]],
+    old: PDDeploymentStatus,
+    raw_status: Obj,
+) -> Decision:
+    """No actions: a spec that cannot be rolled out leaves the serving pods alone; its status
+    says why."""
+    new, transitions = refused
+    written = status.as_dict(new)
+    events = tuple(condition_events(transitions, old.conditions, new.conditions))
+    report = Report(written, written != _without_none(raw_status), events)
+    return Decision((), None, None, _unusable=report)
+
+
+def _missing_workload_api(agreement: Agreement, workload_api: str | None) -> str | None:
+    """Why a multi-node spec cannot be served (None: it can, or it is not multi-node)."""
+    grouped = [r for r in v.ENGINE_ROLES if groups.shape_of(agreement, r) is not None]
+    if not grouped or workload_api is not None:
+        return None
+    return (
+        f"spec.{grouped[0]}.multiNode needs the Kubernetes Workload API "
+        f"({v.WORKLOAD_API_GROUP} PodGroup, versions {', '.join(v.WORKLOAD_API_VERSIONS)}) "
+        "to gang-schedule its groups, and this API server serves none: enable the "
+        "GenericWorkload feature gate and the API (--runtime-config) on the control plane, "
+        "or remove multiNode"
+    )
+
+
+def _context(
+    observed: Observed,
+    pdd: PDDeployment,
+    agreement: Agreement,
+    old: PDDeploymentStatus,
+    raw_status: Obj,
+    generation: int | None,
+    now: float,
+) -> Context:
+    """This PDDeployment's children out of what was observed, read once for every step."""
+    name = pdd.metadata.name
+
+    def mine(objs: Sequence[Obj], kind: str | None = None) -> list[Obj]:
+        return [
+            o
+            for o in objs
+            if labels_of(o).get(v.LABEL_NAME) == name and (kind is None or o.get("kind") == kind)
+        ]
+
+    raw_pods = mine(observed.pods)
+    pod_groups = mine(observed.others, v.POD_GROUP_KIND)
+    deployments = mine(observed.deployments)
+    existing = {key_of({**o, "kind": "Deployment"}): o for o in deployments}
+    existing.update({key_of(o): o for o in observed.others})
+    return Context(
+        pdd=pdd,
+        agreement=agreement,
+        generation=generation,
+        old=old,
+        raw_old=raw_status,
+        now=now,
+        stamp=format_time(now),
+        promoted=annotations_of(observed.pdd).get(v.ANNOTATION_PROMOTE),
+        deployments=deployments,
+        raw_pods=raw_pods,
+        # A multi-node group counts as one replica: the core reads units (`grouping`).
+        pods=units(raw_pods, pod_groups),
+        groups=groups_of(raw_pods, pod_groups),
+        others=observed.others,
+        existing=existing,
+        history=recorded(observed.others, name),
+        metrics=observed.metrics,
+        workload_api=observed.workload_api,
+        cordoned=observed.cordoned,
+    )
+
+
+def _health(ctx: Context, spec_verdict: Verdict | None) -> Health:
+    """What is wrong with the pods, what the step waits for, and what the spec revision's
+    verdict does to its rollout."""
+    budgets_seen = [
+        o
+        for o in ctx.others
+        if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == ctx.name
+    ]
+    return Health(
+        engine_failures(ctx.raw_pods),
+        crash_looping(ctx.raw_pods),
+        unschedulable(ctx.raw_pods),
+        waits(ctx.raw_pods, ctx.deployments, budgets_seen, ctx.now, cordoned=ctx.cordoned),
+        verification.gate(ctx.spec.effective_verification, spec_verdict),
+    )
 
 
 def _requeue(
@@ -384,29 +391,22 @@ def _requeue(
 
 
 def _group_role(
-    pdd: PDDeployment,
-    p: RevisionPlan,
-    role: EngineRole,
-    agreement: Agreement | None,
-    existing: Mapping[str, Obj],
-    revision_groups: Sequence[Group],
-    removal: Removal,
-    workload_api: str | None,
+    ctx: Context, p: RevisionPlan, role: EngineRole, agreement: Agreement | None, removal: Removal
 ) -> list[Action]:
     """A multi-node role of one revision: its headless Service and its groups. Without the
     revision's settings (`agreement` None) its groups can only be removed."""
-    mine = [g for g in revision_groups if g.role == role]
+    mine = [g for g in ctx.groups if g.revision == p.revision and g.role == role]
     render = None
     actions: list[Action] = []
     if agreement is not None and groups.shape_of(agreement, role) is not None:
-        service = groups.group_service(pdd, p.revision, role)
-        if change := apply_if_drifted(service, existing):
+        service = groups.group_service(ctx.pdd, p.revision, role)
+        if change := apply_if_drifted(service, ctx.existing):
             actions.append(change)
-        template = engine_pod_template(pdd, p.revision, role, agreement)
-        api = workload_api or groups.DEFAULT_WORKLOAD_API
+        template = engine_pod_template(ctx.pdd, p.revision, role, agreement)
+        api = ctx.workload_api or groups.DEFAULT_WORKLOAD_API
 
         def render(gid: str) -> list[dict[str, Any]]:
-            return groups.group_objects(pdd, p.revision, role, gid, template, agreement, api)
+            return groups.group_objects(ctx.pdd, p.revision, role, gid, template, agreement, api)
 
     return actions + group_actions(mine, p.replicas(role), render, removal.released)
 
@@ -457,104 +457,123 @@ def _without_none(data: Any) -> Any:
     return data
 
 
+Shapes = dict[EngineRole, int | None]
+"""Per engine role with a workload to guard: None for a Deployment's pods, else pods per group
+(`budgets`). A role with none (a dead revision's, awaiting retirement) has no entry."""
+
+
 def _revision_actions(
-    pdd: PDDeployment,
-    p: RevisionPlan,
-    spec_revision: str | None,
-    agreement: Agreement,
-    existing: Mapping[str, Obj],
-    pods: Sequence[Obj],
-    history: Sequence[Recorded],
-    removal: Removal,
-    revision_groups: Sequence[Group],
-    workload_api: str | None,
+    ctx: Context, p: RevisionPlan, spec_revision: str | None, removal: Removal
 ) -> list[Action]:
-    name = pdd.metadata.name
-    leaving = removal.leaving
+    """One revision's writes: its workloads (the spec revision's rendered, another's only
+    scaled), then its disruption budgets and its router; or, once retired, its deletes."""
     if p.delete:
-        # The budgets go first: one left behind by a refused delete would outlive its revision,
-        # while a revision kept after all gets its budget back (rendered while it lives).
-        deletes: list[Action] = [
-            Delete(v.DISRUPTION_BUDGET_KIND, names.disruption_budget(name, p.revision, r))
-            for r in v.ENGINE_ROLES
-            if f"{v.DISRUPTION_BUDGET_KIND}/{names.disruption_budget(name, p.revision, r)}"
-            in existing
-        ]
-        deletes += [
-            Delete("Deployment", names.workload(name, p.revision, r))
-            for r in v.ROLES
-            if f"Deployment/{names.workload(name, p.revision, r)}" in existing
-        ]
-        deletes += group_actions(revision_groups, 0, None)
-        deletes += [
-            Delete("Service", names.workload(name, p.revision, r))
-            for r in v.ENGINE_ROLES
-            if f"Service/{names.workload(name, p.revision, r)}" in existing
-        ]
-        return deletes
-    actions: list[Action] = []
-    # Per engine role with a workload to guard: None for a Deployment's pods, else pods per
-    # group (`budgets`). A role with none (a dead revision's, awaiting retirement) gets none.
-    shapes: dict[EngineRole, int | None] = {}
+        return _retire(ctx, p)
     if p.revision == spec_revision:
-        for role in v.ENGINE_ROLES:
-            shape = groups.shape_of(agreement, role)
-            shapes[role] = None if shape is None else shape.nodes
-            if shape is not None:
-                actions += _group_role(
-                    pdd, p, role, agreement, existing, revision_groups, removal, workload_api
-                )
-                continue
-            manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), agreement)
-            if change := apply_if_drifted(manifest, existing):
-                actions.append(change)
+        actions, shapes = _spec_workloads(ctx, p, removal)
     else:
-        # Another revision's template is history: only scale it. A deleted one is re-created
-        # from its recorded spec where there is one.
-        old_spec = None
-        for role in v.ENGINE_ROLES:
-            role_groups = [g for g in revision_groups if g.role == role]
-            current = existing.get(f"Deployment/{names.workload(name, p.revision, role)}")
-            if current is None:
-                old_spec = old_spec or latest_spec(history, p.revision)
-                old = check(old_spec) if old_spec is not None else None
-                shape = None if old is None else groups.shape_of(old, role)
-                if role_groups or shape is not None:
-                    actions += _group_role(
-                        pdd, p, role, old, existing, revision_groups, removal, workload_api
-                    )
-                    sizes = [g.size for g in role_groups if g.size]
-                    nodes = max(sizes) if sizes else None if shape is None else shape.nodes
-                    if nodes is not None:
-                        shapes[role] = nodes
-                elif old is not None and p.replicas(role) > 0:
-                    manifest = engine_deployment(pdd, p.revision, role, p.replicas(role), old)
-                    actions.append(Apply(manifest, exists=False))
-                    shapes[role] = None
-                continue
+        actions, shapes = _older_workloads(ctx, p, removal)
+    return actions + _budgets_and_router(ctx, p, shapes, removal)
+
+
+def _retire(ctx: Context, p: RevisionPlan) -> list[Action]:
+    # The budgets go first: one left behind by a refused delete would outlive its revision,
+    # while a revision kept after all gets its budget back (rendered while it lives).
+    name, existing = ctx.name, ctx.existing
+    budget_names = [names.disruption_budget(name, p.revision, r) for r in v.ENGINE_ROLES]
+    deletes: list[Action] = [
+        Delete(v.DISRUPTION_BUDGET_KIND, b)
+        for b in budget_names
+        if f"{v.DISRUPTION_BUDGET_KIND}/{b}" in existing
+    ]
+    deletes += [
+        Delete("Deployment", names.workload(name, p.revision, r))
+        for r in v.ROLES
+        if f"Deployment/{names.workload(name, p.revision, r)}" in existing
+    ]
+    deletes += group_actions([g for g in ctx.groups if g.revision == p.revision], 0, None)
+    deletes += [
+        Delete("Service", names.workload(name, p.revision, r))
+        for r in v.ENGINE_ROLES
+        if f"Service/{names.workload(name, p.revision, r)}" in existing
+    ]
+    return deletes
+
+
+def _spec_workloads(ctx: Context, p: RevisionPlan, removal: Removal) -> tuple[list[Action], Shapes]:
+    """The spec revision's engines, rendered from the spec: Deployments, or groups."""
+    actions: list[Action] = []
+    shapes: Shapes = {}
+    for role in v.ENGINE_ROLES:
+        shape = groups.shape_of(ctx.agreement, role)
+        shapes[role] = None if shape is None else shape.nodes
+        if shape is not None:
+            actions += _group_role(ctx, p, role, ctx.agreement, removal)
+            continue
+        manifest = engine_deployment(ctx.pdd, p.revision, role, p.replicas(role), ctx.agreement)
+        if change := apply_if_drifted(manifest, ctx.existing):
+            actions.append(change)
+    return actions, shapes
+
+
+def _older_workloads(
+    ctx: Context, p: RevisionPlan, removal: Removal
+) -> tuple[list[Action], Shapes]:
+    """Another revision's engines: its template is history, so only scale it. A deleted one is
+    re-created from its recorded spec where there is one."""
+    actions: list[Action] = []
+    shapes: Shapes = {}
+    old_spec = None
+    for role in v.ENGINE_ROLES:
+        role_groups = [g for g in ctx.groups if g.revision == p.revision and g.role == role]
+        workload = names.workload(ctx.name, p.revision, role)
+        current = ctx.existing.get(f"Deployment/{workload}")
+        if current is not None:
             shapes[role] = None
             was = int((current.get("spec") or {}).get("replicas") or 0)
             if was != p.replicas(role):
-                workload = names.workload(name, p.revision, role)
-                rv = resource_version(current)
-                actions.append(Scale(workload, p.replicas(role), was, rv))
-    eff = agreement.settings
-    # After the workloads: a group count that drops has its groups deleted before the budget
-    # shrinks with it, so their pods never count twice (`budgets`).
+                actions.append(Scale(workload, p.replicas(role), was, resource_version(current)))
+            continue
+        old_spec = old_spec or latest_spec(ctx.history, p.revision)
+        old = check(old_spec) if old_spec is not None else None
+        shape = None if old is None else groups.shape_of(old, role)
+        if role_groups or shape is not None:
+            actions += _group_role(ctx, p, role, old, removal)
+            sizes = [g.size for g in role_groups if g.size]
+            nodes = max(sizes) if sizes else None if shape is None else shape.nodes
+            if nodes is not None:
+                shapes[role] = nodes
+        elif old is not None and p.replicas(role) > 0:
+            manifest = engine_deployment(ctx.pdd, p.revision, role, p.replicas(role), old)
+            actions.append(Apply(manifest, exists=False))
+            shapes[role] = None
+    return actions, shapes
+
+
+def _budgets_and_router(
+    ctx: Context, p: RevisionPlan, shapes: Shapes, removal: Removal
+) -> list[Action]:
+    """After the workloads: a group count that drops has its groups deleted before the budget
+    shrinks with it, so their pods never count twice (`budgets`). Then the router, listing the
+    revision's engines that are not leaving."""
+    eff = ctx.agreement.settings
+    actions: list[Action] = []
     for role, nodes in shapes.items():
         allowed = budgets.allowance(eff.rollout, grouped=nodes is not None)
-        budget = budgets.disruption_budget(pdd, p.revision, role, allowed, nodes, p.replicas(role))
-        if change := apply_if_drifted(budget, existing):
+        budget = budgets.disruption_budget(
+            ctx.pdd, p.revision, role, allowed, nodes, p.replicas(role)
+        )
+        if change := apply_if_drifted(budget, ctx.existing):
             actions.append(change)
     membership = revision_membership(
-        pods,
-        deployment_name=name,
+        ctx.pods,
+        deployment_name=ctx.name,
         revision=p.revision,
         bootstrap_port=eff.shared.kv_transfer.bootstrap_port,
-        leaving=leaving,
+        leaving=removal.leaving,
     )
     drain = None if p.drain_until is None else format_time(p.drain_until)
-    router = router_deployment(pdd, eff, p.revision, p.router, membership, drain)
-    if change := apply_if_drifted(router, existing):
+    router = router_deployment(ctx.pdd, eff, p.revision, p.router, membership, drain)
+    if change := apply_if_drifted(router, ctx.existing):
         actions.append(change)
     return actions

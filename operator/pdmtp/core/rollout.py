@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.core.context import Context
 from pdmtp.core.observe import PodIssue, Wait, describe, format_time, parse_time
 from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
 from pdmtp.core.verification import Gate
@@ -75,16 +76,12 @@ class Health:
 
 
 def steer(
-    spec: PDDeploymentSpec,
-    target: Target,
-    policy: Policy,
-    states: Sequence[RevisionState],
-    health: Health,
-    old: RolloutStatus | None,
-    now: float,
-    promoted: str | None,
-    generation: int | None = None,
+    ctx: Context, target: Target, policy: Policy, states: Sequence[RevisionState], health: Health
 ) -> Steering:
+    """Where this reconcile rolls to: the spec's `target`, or back to the revision that serves
+    when the rollout failed (deadline, engines, verdict) under `onFailure: Rollback`; held for
+    a canary, a pause or a verdict still awaited."""
+    spec, old, now, generation = ctx.spec, ctx.old.rollout, ctx.now, ctx.generation
     revision = target.revision
     if revision is None:
         return Steering(target, policy, None)
@@ -127,7 +124,7 @@ def steer(
             deadline=deadline,
         )
     canary = spec.rollout.canary
-    by_hand = promoted == revision
+    by_hand = ctx.promoted == revision
     verified = canary is not None and canary.auto_promote and health.verification.verified
     held = canary is not None and not by_hand and not verified
     released = canary is not None and not held and old is not None and old.phase == "CanaryHold"

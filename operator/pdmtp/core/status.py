@@ -28,6 +28,7 @@ from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
+from pdmtp.core.context import Context
 from pdmtp.core.observe import PodIssue, Wait, describe
 from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
 from pdmtp.core.rollout import Steering
@@ -409,23 +410,18 @@ def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -
 
 
 def build(
-    spec: PDDeploymentSpec,
-    generation: int | None,
-    old: PDDeploymentStatus,
-    agreement: Agreement,
-    target: Target,
-    policy: Policy,
+    ctx: Context,
     seen: Observations,
-    now: str,
+    steering: Steering,
+    record: RolloutStatus | None,
+    scaling: Scaling | None,
     refused: Sequence[Rejection] = (),
-    steering: Steering | None = None,
-    record: RolloutStatus | None = None,
-    scaling: Scaling | None = None,
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
     """The status for this reconcile (after its writes; `refused` are those the API server
     refused) and the conditions that flipped."""
-    spec_revision = steering.spec_revision if steering is not None else target.revision
-    update = spec_revision or old.update_revision
+    spec, generation, old, agreement = ctx.spec, ctx.generation, ctx.old, ctx.agreement
+    target, policy, now = steering.target, steering.policy, ctx.stamp
+    update = steering.spec_revision or old.update_revision
     current = current_revision(seen.states, old)
     updates = [
         config_compatible(agreement),
