@@ -28,8 +28,8 @@ from kubernetes import client
 from pdmtp.api import reasons
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.agreement import check
-from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.render.children import RevisionReplicas, revision_children, shared_children
+from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.core.validation import Problem, validate
 from pdmtp.kube import FIELD_MANAGER, ApiError, path, send
 

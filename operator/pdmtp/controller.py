@@ -27,7 +27,7 @@ from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATC
 from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale, SetStatus
-from pdmtp.core.observe import cordoned_nodes
+from pdmtp.core.objects import cordoned_nodes
 from pdmtp.core.reconcile import Observed, decide
 from pdmtp.election import Elector
 from pdmtp.expectations import Expectations, after_delete, after_write

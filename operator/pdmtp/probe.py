@@ -1,5 +1,5 @@
 """The operator's own requests through a revision's router, so that a revision without traffic
-can be judged (`core.probing` decides which, and how often).
+can be judged (`core.verification.probing` decides which, and how often).
 
 A `Prober` task wakes every second, asks the core which probes are due for each PDDeployment
 (from its status: the verdicts waiting for requests or drafts; from the store: its Ready pods),
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from pdmtp.api.kinds import POD
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.probing import Probe, due
+from pdmtp.core.verification.probing import Probe, due
 from pdmtp.metrics import Metrics
 
 log = logging.getLogger("pdmtp.probe")

@@ -14,8 +14,8 @@ from typing import Any
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.conditions import find, parse_conditions
-from pdmtp.core.history import Recorded, recorded
+from pdmtp.core.render.history import Recorded, recorded
+from pdmtp.core.status.conditions import find, parse_conditions
 from pdmtp.kube import ApiError, Kube
 
 FAILED = {

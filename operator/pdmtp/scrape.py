@@ -35,9 +35,9 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.autoscaling import AutoscalingSpec
 from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.observe import is_terminating, labels_of, name_of, pod_url
+from pdmtp.core.objects import is_terminating, labels_of, name_of, pod_url
 from pdmtp.core.promtext import Scrape, parse_scrape
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.scaling.roles import PodMetrics
 
 log = logging.getLogger("pdmtp.scrape")
 

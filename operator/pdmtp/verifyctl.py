@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pdmtp.api import reasons
-from pdmtp.core.conditions import find, parse_conditions
+from pdmtp.core.status.conditions import find, parse_conditions
 from pdmtp.kube import Kube
 from pdmtp.rolloutctl import get
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from pdmtp.core import observe
+from pdmtp.core import objects
 
 if TYPE_CHECKING:
     from localcluster import LocalCluster
@@ -121,8 +121,8 @@ def install_crd(
 
 
 def pod_ready(pod: client.V1Pod) -> bool:
-    """The operator's own readiness rule (`pdmtp.core.observe.pod_ready`) on a typed pod."""
-    return observe.pod_ready(client.ApiClient().sanitize_for_serialization(pod))
+    """The operator's own readiness rule (`pdmtp.core.objects.pod_ready`) on a typed pod."""
+    return objects.pod_ready(client.ApiClient().sanitize_for_serialization(pod))
 
 
 def evict(cluster: Cluster, namespace: str, pod: str) -> int:

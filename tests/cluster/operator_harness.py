@@ -37,20 +37,14 @@ from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core import names
 from pdmtp.core.agreement import check
-from pdmtp.core.grouping import groups_of, units, workloads
-from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
-from pdmtp.core.observe import (
-    engine_url,
-    is_terminating,
-    labels_of,
-    listed_engines,
-    name_of,
-    pod_ready,
-    revision_states,
-    router_urls,
-)
-from pdmtp.core.planner import Policy, RevisionState
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.groups.grouping import groups_of, units, workloads
+from pdmtp.core.objects import engine_url, is_terminating, labels_of, name_of, pod_ready
+from pdmtp.core.render.membership import router_urls
+from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
+from pdmtp.core.rollout.planner import Policy, RevisionState
+from pdmtp.core.rollout.removal import listed_engines
+from pdmtp.core.rollout.states import revision_states
+from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 CUSTOM = (v.GROUP, v.VERSION)
@@ -346,7 +340,7 @@ def ready_after(b: PDDBuilder, ms: int = 800) -> PDDBuilder:
 @dataclass
 class RolloutWatcher:
     """Feeds every Pod/Deployment event of one PDDeployment to the core's invariant checker
-    (`pdmtp.core.invariants`, the one the planner's simulator uses) and collects violations.
+    (`pdmtp.core.rollout.invariants`, the one the planner's simulator uses) and collects violations.
     The floor counts what a client can reach, as the planner does: Ready pods, not leaving, of
     revisions whose router Deployment has replicas (a parked one has none) and a Ready pod
     (`RevisionState.reachable`, read off the Deployments by `observe.revision_states`).

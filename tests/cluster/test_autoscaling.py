@@ -29,8 +29,9 @@ from operator_harness import (
 )
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
-from pdmtp.core.observe import is_terminating, pod_ready
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.objects import is_terminating, pod_ready
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.steering import target_and_policy
 
 INTERVAL = 2
 """Seconds between evaluations (spec.autoscaling.intervalSeconds)."""
@@ -306,8 +307,8 @@ def test_a_new_count_mid_rollout_reaches_both_revisions_without_restarting_the_r
         )
         files.set("decode", kv=0.5)  # on target at 4 pods: stays
         wait_settled(api, namespace, name, timeout=180)
-        # The router restarts whenever its revision's engine set changes (core/router.py), and
-        # the last scale may leave its previous pod Ready for a moment after RolloutComplete.
+        # The router restarts whenever its revision's engine set changes (core/render/router.py),
+        # and the last scale may leave its previous pod Ready for a moment after RolloutComplete.
         final = {
             "revision": new_rev,
             "phase": "Serving",

@@ -25,7 +25,8 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.steering import target_and_policy
 
 NAME = "budget"
 REFUSE = engine_refusal("lookahead mismatch: operator expects 2, vLLM computes 1")

@@ -105,7 +105,7 @@ def test_foreign_edits_and_deletions_come_back(
         "budget",
         lambda: (
             budgets.read_namespaced_pod_disruption_budget(decode, namespace).spec.max_unavailable
-            == 0  # maxSurge 1: the operator moves a drained node's pods (core.evacuation)
+            == 0  # maxSurge 1: the operator moves a drained node's pods (core.rollout.evacuation)
         ),
     )
     budgets.delete_namespaced_pod_disruption_budget(decode, namespace)

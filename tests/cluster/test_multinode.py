@@ -40,8 +40,9 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.core import names
 from pdmtp.core.agreement import check
-from pdmtp.core.observe import engine_url, router_urls
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.objects import engine_url
+from pdmtp.core.render.membership import router_urls
+from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.kube import Kube
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +156,7 @@ def test_groups_serve_whole_recover_whole_roll_and_scale_by_groups(
 
     # (c) A worker evicted (a drain): its group is replaced whole (a new gang) and the router
     #     follows. The role's budget counts pods of whole groups (the PDDeployment owns them,
-    #     which has no scale subresource: minAvailable, not maxUnavailable, core/budgets.py):
+    #     which has no scale subresource: minAvailable, not maxUnavailable, core/render/budgets.py):
     #     it allows one pod, so one group, and refuses a member of the other group meanwhile.
     revision = obj["status"]["currentRevision"]
     budget = names.disruption_budget("wide", revision, "decode")

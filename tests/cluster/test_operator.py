@@ -30,7 +30,8 @@ from operator_harness import (
 from pdmtp.api import vocabulary as v
 from pdmtp.cli.render import rendered_children
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.steering import target_and_policy
 from replicas import LEASE_SECONDS, elected, leading, wait_leader
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,8 @@ from operator_harness import (
 )
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.steering import target_and_policy
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "pdmtp.io_pddeployments.yaml"

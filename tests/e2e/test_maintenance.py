@@ -9,7 +9,7 @@ floor counts only what a client can reach.
    comes back (first: the drain below leaves every engine on one worker);
 2. `kubectl drain` of a worker holding serving engine pods: the revision's PodDisruptionBudgets
    refuse the evictions, and the operator moves the cordoned node's engines itself, replacement
-   first, out of their routers before they stop (`core.evacuation`); the drain completes, 0
+   first, out of their routers before they stop (`core.rollout.evacuation`); the drain completes, 0
    failed, 0 cross-revision, every invariant (the floor, the surge ceiling, leave-routing-first)
    held at every event;
 3. one prefill and then one decode pod force-deleted (no grace: a crash cannot be drained): the
@@ -32,8 +32,9 @@ from e2e.kindkit import Figures, Kind, LoadRun, serving, wait_for
 from kubernetes import config as kube_config
 from pdmtp.api.vocabulary import LABEL_NAME, LABEL_ROLE
 from pdmtp.core.agreement import check
-from pdmtp.core.observe import engine_url, router_urls
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.objects import engine_url
+from pdmtp.core.render.membership import router_urls
+from pdmtp.core.rollout.steering import target_and_policy
 
 NAME = "maint"
 record = Figures("PDMTP_E2E_MAINTENANCE_RESULT").record

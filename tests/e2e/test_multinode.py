@@ -42,7 +42,7 @@ from pdmtp.api.vocabulary import (
     LABEL_ROLE,
 )
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.rollout.steering import target_and_policy
 
 NAME = "wide"
 record = Figures("PDMTP_E2E_MULTINODE_RESULT").record

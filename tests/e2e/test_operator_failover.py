@@ -28,7 +28,8 @@ from cluster.operator_harness import RolloutWatcher
 from e2e.kindkit import OPERATOR_NAMESPACE, OPERATOR_SELECTOR, Figures, Kind, LoadRun, wait_for
 from kubernetes import config as kube_config
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision, target_and_policy
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.manager import LOST_LEASE_EXIT
 
 NAME = "failover"

@@ -1,6 +1,6 @@
 """kind e2e: scaling and a canary hold lose no request, because a pod leaves its routers before it
-leaves the cluster (`core.removal`). Real router, emulated engines on the real node, the in-cluster
-load client opening a new connection per request.
+leaves the cluster (`core.rollout.removal`). Real router, emulated engines on the real node, the
+in-cluster load client opening a new connection per request.
 
 - the scale sequence 1P/1D -> 1P/3D -> 2P/3D -> 2P/1D -> 1P/1D under load: 0 failed, 0 cross;
 - a 2P/2D canary at 50% held under load (its measured share of answers beside

@@ -21,7 +21,7 @@ import pytest
 from pdmtp.api import vocabulary
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.agreement import check
-from pdmtp.core.render import KV_ROLES, engine_pod_template
+from pdmtp.core.render.children import KV_ROLES, engine_pod_template
 from pdmtp_engine import launcher
 from pdmtp_engine.connector import BackoffMooncakeConnector
 from vllm_harness import write_tiny_mtp_checkpoint

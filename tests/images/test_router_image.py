@@ -13,7 +13,7 @@ from pathlib import Path
 
 from image_harness import Podman, http_get, wait_http_ok
 from loopback import free_ports
-from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, static_router_args
+from pdmtp.core.render.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, static_router_args
 from router.emulator import EngineEmulator
 
 REPO = Path(__file__).resolve().parents[2]

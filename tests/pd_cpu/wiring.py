@@ -304,8 +304,8 @@ def ranks_the_router_lists(pods: list[dict[str, Any]]) -> list[int]:
         observed.append(pod)
     program = """
 import json, sys
-from pdmtp.core.grouping import units
-from pdmtp.core.observe import revision_membership
+from pdmtp.core.groups.grouping import units
+from pdmtp.core.render.membership import revision_membership
 a = json.loads(sys.argv[1])
 membership = revision_membership(
     units(a["pods"], []), deployment_name=a["name"], revision=a["revision"])
@@ -343,7 +343,7 @@ import json, sys, sysconfig
 from importlib.metadata import version
 from pathlib import Path
 from pdmtp.api.vocabulary import ROUTER_VERSION
-from pdmtp.core.router import static_router_args
+from pdmtp.core.render.router import static_router_args
 a = json.loads(sys.argv[1])
 print(json.dumps({
     "args": static_router_args(

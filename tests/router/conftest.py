@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from loopback import free_ports
-from pdmtp.core.observe import Prefill
-from pdmtp.core.router import ROUTER_HEALTH_FLAGS, static_router_args
+from pdmtp.core.render.membership import Prefill
+from pdmtp.core.render.router import ROUTER_HEALTH_FLAGS, static_router_args
 from router.emulator import EngineEmulator, EngineFactory, Role
 from router.harness import (
     LOOPBACK,

@@ -31,7 +31,7 @@ if __name__ == "__main__":  # run as a script: the import roots pytest gives the
     sys.path[:0] = [str(_TESTS), str(_TESTS.parent / "hack" / "lib")]
 
 from loopback import free_ports
-from pdmtp.core.router import ROUTER_HEALTH_FLAGS, static_router_args
+from pdmtp.core.render.router import ROUTER_HEALTH_FLAGS, static_router_args
 from router.emulator import EngineEmulator
 from router.harness import (
     LOOPBACK,

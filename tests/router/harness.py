@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pdmtp.api.vocabulary import ROUTER_VERSION
-from pdmtp.core.router import ROUTER_READINESS_PATH
+from pdmtp.core.render.router import ROUTER_READINESS_PATH
 
 ROUTER_BINARY = "vllm-router"
 

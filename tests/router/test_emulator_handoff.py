@@ -1,5 +1,6 @@
 """The emulated decode's hand-off counts and faults, through the real vllm-router, judged by the
-operator's own reader and verdict (`pdmtp.core.promtext`, `pdmtp.core.verdict`, issue 41).
+operator's own reader and verdict (`pdmtp.core.promtext`, `pdmtp.core.verification.verdict`, issue
+41).
 
 The kind e2e proves the rollout gate against emulated pairs; here each fault the emulator can be
 told to have (a pull that fails, a decode-only fallback, an engine without the fixed connector,
@@ -13,8 +14,8 @@ import time
 from dataclasses import replace
 
 from pdmtp.core.promtext import parse_scrape
-from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verdict import Finding, Rules, judge, lifetime, recent
+from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.verification.verdict import Finding, Rules, judge, lifetime, recent
 from pdmtp_emulator.handoff import HandoffCounts
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post

@@ -5,7 +5,7 @@ a real engine's do: requests beyond the capacity wait, the histograms count what
 MTP acceptance follows the configured rate (and a change to it at runtime), and a lower acceptance
 makes decode hold more requests at the same offered load. Every check reads the metrics through
 the operator's own parser (`pdmtp.core.promtext.parse_scrape`), and one feeds them to
-`pdmtp.core.autoscaling.decide`, so a rename on either side fails here.
+`pdmtp.core.scaling.autoscaler.decide`, so a rename on either side fails here.
 
 Everything binds 127.0.0.1; every load is a fixed number of requests with a time bound.
 """
@@ -25,8 +25,8 @@ import aiohttp
 import pytest
 from pdmtp.api.autoscaling import AutoscalingSpec, RoleAutoscaling
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.autoscaling import Coverage, PodObservation, RoleHistory, Signal, decide
 from pdmtp.core.promtext import Scrape, parse_scrape
+from pdmtp.core.scaling.autoscaler import Coverage, PodObservation, RoleHistory, Signal, decide
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post
 

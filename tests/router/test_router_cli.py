@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 from pdmtp.api.vocabulary import ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_POLICIES
-from pdmtp.core.observe import Membership, Prefill
-from pdmtp.core.router import router_args
+from pdmtp.core.render.membership import Membership, Prefill
+from pdmtp.core.render.router import router_args
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from pdmtp.core.router import ROUTER_READINESS_PATH
+from pdmtp.core.render.router import ROUTER_READINESS_PATH
 from router.emulator import EngineEmulator, EngineFactory, Role
 from router.failover import RETRY_AND_BREAKER, load_loop
 from router.harness import RouterFactory, completion_body, get, post

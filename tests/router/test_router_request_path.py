@@ -1,7 +1,7 @@
 """The request path through the real vllm-router (pinned) in Mooncake P/D mode.
 
-Every router here is started with `pdmtp.core.router.static_router_args`, the function that also
-renders the in-cluster router's args, against emulated engines on 127.0.0.1.
+Every router here is started with `pdmtp.core.render.router.static_router_args`, the function that
+also renders the in-cluster router's args, against emulated engines on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 from pdmtp.api.vocabulary import ROUTER_POLICIES
-from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH
+from pdmtp.core.render.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH
 from router.emulator import EngineEmulator, EngineFactory, Recorded
 from router.harness import RouterFactory, body_for, completion_body, get, post, text_of
 

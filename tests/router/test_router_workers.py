@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from pdmtp.core.router import ROUTER_READINESS_PATH
+from pdmtp.core.render.router import ROUTER_READINESS_PATH
 from router.emulator import MODEL, EngineEmulator, EngineFactory, Role
 from router.harness import Reply, RouterFactory, completion_body, post
 

@@ -21,9 +21,9 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Rejection, Scale
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.observe import format_time, parse_time
+from pdmtp.core.objects import format_time, parse_time
 from pdmtp.core.reconcile import Decision, Observed, decide
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.scaling.roles import PodMetrics
 
 Obj = dict[str, Any]
 CREATED = "2027-01-15T08:00:00Z"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import strategies as st
-from pdmtp.core.planner import Policy, Target
+from pdmtp.core.rollout.planner import Policy, Target
 
 replicas = st.integers(1, 6)
 policies = st.builds(

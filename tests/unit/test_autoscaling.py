@@ -1,4 +1,5 @@
-"""The elastic P/D decision (pdmtp.core.autoscaling) and the /metrics reader (pdmtp.core.promtext).
+"""The elastic P/D decision (pdmtp.core.scaling.autoscaler) and the /metrics reader
+(pdmtp.core.promtext).
 
 Worked examples first (each behaviour on numbers you can check by hand), then properties over
 arbitrary inputs, then long simulated runs that count decisions.
@@ -32,7 +33,8 @@ from pdmtp.api.autoscaling import (
     Target,
 )
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.autoscaling import (
+from pdmtp.core.promtext import parse_scrape, samples
+from pdmtp.core.scaling.autoscaler import (
     Coverage,
     Decision,
     HistogramTotals,
@@ -44,7 +46,6 @@ from pdmtp.core.autoscaling import (
     Signal,
     decide,
 )
-from pdmtp.core.promtext import parse_scrape, samples
 from pydantic import ValidationError
 
 T = TypeVar("T")

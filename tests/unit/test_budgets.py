@@ -1,6 +1,6 @@
-"""Disruption budgets (`core.budgets`): what each (revision, engine role)'s PodDisruptionBudget
-allows, checked against the disruption controller's arithmetic, and how the reconcile creates,
-corrects, keeps and deletes them through rollouts, scaling and retirement."""
+"""Disruption budgets (`core.render.budgets`): what each (revision, engine role)'s
+PodDisruptionBudget allows, checked against the disruption controller's arithmetic, and how the
+reconcile creates, corrects, keeps and deletes them through rollouts, scaling and retirement."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ from builders import pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, RolloutSpec
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core import budgets, names
+from pdmtp.core import names
 from pdmtp.core.actions import Action, Apply, Delete
 from pdmtp.core.agreement import check
-from pdmtp.core.observe import pod_ready
+from pdmtp.core.objects import pod_ready
 from pdmtp.core.reconcile import Decision
-from pdmtp.core.render import RevisionReplicas, revision_children
+from pdmtp.core.render import budgets
+from pdmtp.core.render.children import RevisionReplicas, revision_children
 from pdmtp.core.revision import compat_revision
 
 from tests.support.fake_cluster import FakeCluster
@@ -78,7 +79,7 @@ def test_the_allowance_is_zero_where_the_operator_moves_pods_else_the_floor_and_
 ) -> None:
     rollout = RolloutSpec(max_surge=surge, max_unavailable=unavailable)
     # May surge: a drain waits while the operator moves each pod, replacement first
-    # (core.evacuation). Cannot, or a multi-node role: the floor, at least 1.
+    # (core.rollout.evacuation). Cannot, or a multi-node role: the floor, at least 1.
     assert budgets.allowance(rollout) == (0 if surge else max(1, unavailable))
     assert budgets.allowance(rollout, grouped=True) == max(1, unavailable)
     for explicit in (1, 2, 7):
@@ -147,7 +148,7 @@ def test_a_deployments_budget_follows_its_replicas_without_a_rewrite(
                 # The floor a drain keeps: replicas - k Ready pods, never fewer.
                 assert healthy - allowed >= min(healthy, replicas - k)
                 # All Ready: a drain proceeds by evictions, or (k 0) waits for the operator
-                # to move each pod (core.evacuation).
+                # to move each pod (core.rollout.evacuation).
                 if healthy == replicas:
                     assert allowed == min(k, replicas)
                     assert allowed > 0 or surge > 0
@@ -195,7 +196,7 @@ def test_a_multi_node_role_gets_a_budget_over_every_member_of_its_groups() -> No
     decode = objs[f"{PDB}/{names.disruption_budget('x', rev, 'decode')}"]
     prefill = objs[f"{PDB}/{names.disruption_budget('x', rev, 'prefill')}"]
     assert decode["spec"]["minAvailable"] == 2 * 2 - 1
-    assert prefill["spec"]["maxUnavailable"] == 0  # moved by the operator (core.evacuation)
+    assert prefill["spec"]["maxUnavailable"] == 0  # moved by the operator (core.rollout.evacuation)
     members = [o for o in objs.values() if o["kind"] == "Pod"]
     assert len(members) == 4
     assert all(matches(decode["spec"]["selector"], p["metadata"]["labels"]) for p in members)

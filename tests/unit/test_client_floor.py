@@ -31,11 +31,11 @@ from builders import pdd
 from fake_cluster import FakeCluster
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core import planner
-from pdmtp.core.invariants import InvariantMonitor, Moment
-from pdmtp.core.observe import revision_states
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
-from pdmtp.core.removal import gate
+from pdmtp.core.rollout import planner
+from pdmtp.core.rollout.invariants import InvariantMonitor, Moment
+from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
+from pdmtp.core.rollout.removal import gate
+from pdmtp.core.rollout.states import revision_states
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
 
 MAX_TICKS = 3000

@@ -10,7 +10,7 @@ from builders import pdd
 from pdmtp.core.agreement import check
 from pdmtp.core.drift import drifted
 from pdmtp.core.effective import resolve
-from pdmtp.core.render import engine_deployment, shared_children
+from pdmtp.core.render.children import engine_deployment, shared_children
 from pdmtp.core.revision import compat_revision
 
 

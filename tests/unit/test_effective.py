@@ -23,7 +23,7 @@ from pdmtp.api.crd import openapi_schema
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.effective import FIELD_GROUPS, Group
-from pdmtp.core.render import engine_pod_template, router_deployment
+from pdmtp.core.render.children import engine_pod_template, router_deployment
 from pdmtp.core.revision import hash_of, revision_of
 from pydantic import BaseModel, ValidationError
 

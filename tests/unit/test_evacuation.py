@@ -1,6 +1,6 @@
 """Engine pods on a cordoned node are moved as a planned scale-down would move them: a
-replacement first, then the pod out of its routers' lists, then gone (`core.evacuation`), so the
-drain that cordoned the node finds no engine to evict. Pure decisions, then whole drains
+replacement first, then the pod out of its routers' lists, then gone (`core.rollout.evacuation`), so
+the drain that cordoned the node finds no engine to evict. Pure decisions, then whole drains
 simulated through the real `decide` with the invariants checked at every step."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ import pytest
 from builders import pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core.evacuation import evacuate
-from pdmtp.core.observe import is_terminating, pod_ready, revision_states
-from pdmtp.core.planner import Policy, RevisionPlan, RevisionState, RoleState, clients_reach
-from pdmtp.core.removal import EnginePod, _victim_order
+from pdmtp.core.objects import is_terminating, pod_ready
 from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.evacuation import evacuate
+from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, clients_reach
+from pdmtp.core.rollout.removal import EnginePod, _victim_order
+from pdmtp.core.rollout.states import revision_states
 
 from tests.support.fake_cluster import FakeCluster
 

@@ -19,7 +19,7 @@ for up to 3 steps at up to two random steps of the roll (nothing reconciles whil
 and kubelets go on; it continues from what it observes).
 
 Checked at every step, from the raw pods and objects (this file folds groups itself, it does not
-use `core.grouping`):
+use `core.groups.grouping`):
 
 1. no group serves partly: a leader URL a router lists belongs to a group whose every member
    exists, runs, is Ready and never restarted (a single-node pod: exists and is Ready). Router
@@ -66,10 +66,10 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.actions import Delete
-from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.observe import parse_time
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.objects import parse_time
 from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating
+from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.validation import validate
 
 Obj = dict[str, Any]

@@ -13,13 +13,13 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core import names
 from pdmtp.core.actions import Apply, Delete
 from pdmtp.core.agreement import check
-from pdmtp.core.grouping import groups_of, units
-from pdmtp.core.observe import pod_ready
+from pdmtp.core.groups.grouping import groups_of, units
+from pdmtp.core.objects import pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import decide
-from pdmtp.core.render import RevisionReplicas, revision_children
+from pdmtp.core.render.children import RevisionReplicas, revision_children
 from pdmtp.core.revision import compat_revision
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.scaling.roles import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster
 

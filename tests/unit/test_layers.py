@@ -42,6 +42,16 @@ def test_the_tree_keeps_its_layers() -> None:
         ("kube.py", "import pdmtp.controller", "pdmtp.kube -> pdmtp.controller"),
         ("core/hashing.py", "import kopf", "pdmtp.core.hashing -> kopf"),
         ("cli/render.py", "from pdmtp.cli import plan", "pdmtp.cli.render -> pdmtp.cli.plan"),
+        (
+            "core/render/children.py",
+            "from pdmtp.core.rollout import planner",
+            "pdmtp.core.render.children -> pdmtp.core.rollout.planner",
+        ),
+        (
+            "core/objects.py",
+            "from pdmtp.core import groups",
+            "pdmtp.core.objects -> pdmtp.core.groups",
+        ),
     ],
 )
 def test_an_upward_import_breaks_the_contract(

@@ -35,10 +35,9 @@ import test_group_simulation as groups
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import vocabulary as v
-from pdmtp.core import planner
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.observe import revision_states
-from pdmtp.core.planner import (
+from pdmtp.core.rollout import planner
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import (
     Policy,
     RevisionState,
     RoleState,
@@ -46,6 +45,7 @@ from pdmtp.core.planner import (
     plan,
     steady_listing,
 )
+from pdmtp.core.rollout.states import revision_states
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
 from rollout_strategies import policies, targets
 

@@ -33,8 +33,8 @@ from pdmtp.api.rules import CEL_KEY
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.cli import main
 from pdmtp.core.agreement import check
-from pdmtp.core.groups import rank_args
-from pdmtp.core.render import RevisionReplicas, revision_children
+from pdmtp.core.groups.podgroups import rank_args
+from pdmtp.core.render.children import RevisionReplicas, revision_children
 from pdmtp.core.revision import compat_revision
 from pdmtp.core.validation import validate
 from pydantic import ValidationError

@@ -1,7 +1,7 @@
 """The rollout planner, tested by simulating whole rollouts and checking every invariant at every
-moment (`pdmtp.core.invariants`), over many shapes and policies, pods turning ready in random
-order, rollouts superseded mid-way, and an operator that plans again right after its own write,
-before the Deployment controller acts on it (`lag`)."""
+moment (`pdmtp.core.rollout.invariants`), over many shapes and policies, pods turning ready in
+random order, rollouts superseded mid-way, and an operator that plans again right after its own
+write, before the Deployment controller acts on it (`lag`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pdmtp.core import planner
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Target, plan
+from pdmtp.core.rollout import planner
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
 from rollout_strategies import policies, replicas, targets
 

@@ -1,6 +1,7 @@
-"""The operator's own requests for a revision's verdict (`core.probing`, `pdmtp.probe`): only
-revisions that wait for requests or drafts, only through their own Ready router, only while
-every role of theirs serves, at the spec's rate, and never dialled by the test target."""
+"""The operator's own requests for a revision's verdict (`core.verification.probing`,
+`pdmtp.probe`): only revisions that wait for requests or drafts, only through their own Ready
+router, only while every role of theirs serves, at the spec's rate, and never dialled by the test
+target."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.probing import MAX_TOKENS, PROMPT, awaiting, due
+from pdmtp.core.verification.probing import MAX_TOKENS, PROMPT, awaiting, due
 from pdmtp.probe import DirectoryTarget, HttpTarget, Prober, target_from
 
 NOW = 1000.0

@@ -1,5 +1,5 @@
-"""A pod leaves routing before it leaves the cluster (`core.removal`): the gate's steps one by
-one, then whole scale changes simulated (while serving, during a canary hold; at any step of a
+"""A pod leaves routing before it leaves the cluster (`core.rollout.removal`): the gate's steps one
+by one, then whole scale changes simulated (while serving, during a canary hold; at any step of a
 paired rollout in test_planner's mid-roll scaling test, whose monitor checks it too) with
 invariant 8 (no engine pod terminates while a router of its revision lists it)
 checked at every moment, and shown to fail without the gate."""
@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.observe import engine_url, router_urls
-from pdmtp.core.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
-from pdmtp.core.removal import EnginePod, RouterPod, gate
+from pdmtp.core.objects import engine_url
+from pdmtp.core.render.membership import router_urls
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
+from pdmtp.core.rollout.removal import EnginePod, RouterPod, gate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
 from rollout_strategies import policies, replicas, targets
 

@@ -11,16 +11,17 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.effective import resolve
-from pdmtp.core.observe import Membership, Prefill, revision_states
-from pdmtp.core.render import (
+from pdmtp.core.render.children import (
     RevisionReplicas,
     engine_args,
     revision_children,
     router_deployment,
     shared_children,
 )
+from pdmtp.core.render.membership import Membership, Prefill
+from pdmtp.core.render.weights import served_model
 from pdmtp.core.revision import compat_revision
-from pdmtp.core.weights import served_model
+from pdmtp.core.rollout.states import revision_states
 
 
 def children(b: PDDBuilder, membership: Membership | None = None) -> dict[str, dict[str, Any]]:

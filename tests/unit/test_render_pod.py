@@ -11,7 +11,7 @@ import pytest
 from builders import PDDBuilder, pdd
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.agreement import check
-from pdmtp.core.render import engine_pod_template
+from pdmtp.core.render.children import engine_pod_template
 from pdmtp.core.revision import compat_revision
 from pdmtp.core.validation import validate
 

@@ -12,13 +12,14 @@ from builders import PDDBuilder, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
-from pdmtp.core.observe import is_terminating, pod_ready, revision_states
-from pdmtp.core.planner import RevisionState, RoleState, clients_reach
+from pdmtp.core.objects import is_terminating, pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.revision import compat_revision
-from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verification import marked, replacements
+from pdmtp.core.rollout.planner import RevisionState, RoleState, clients_reach
+from pdmtp.core.rollout.states import revision_states
+from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.verification.revisions import marked, replacements
 
 from tests.support.fake_cluster import FakeCluster
 

@@ -41,8 +41,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.planner import (
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import (
     Policy,
     RevisionState,
     RoleState,
@@ -51,7 +51,7 @@ from pdmtp.core.planner import (
     canary_replicas,
     plan,
 )
-from pdmtp.core.removal import gate
+from pdmtp.core.rollout.removal import gate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, SimPod, SimRevision
 
 START = Target("aaaa", 3, 2, 1)

@@ -9,10 +9,10 @@ from builders import PDDBuilder, pdd
 from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.core.agreement import check
 from pdmtp.core.context import Context
-from pdmtp.core.observe import PodIssue, format_time
-from pdmtp.core.planner import RevisionState, RoleState, Step
-from pdmtp.core.revision import target_and_policy
-from pdmtp.core.rollout import Health, Steering, steer, track
+from pdmtp.core.objects import format_time
+from pdmtp.core.pods import PodIssue
+from pdmtp.core.rollout.planner import RevisionState, RoleState, Step
+from pdmtp.core.rollout.steering import Health, Steering, steer, target_and_policy, track
 
 NOW = 1_800_000_000.0
 HEALTHY = Health()

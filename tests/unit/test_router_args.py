@@ -1,4 +1,5 @@
-"""pdmtp.core.router: the router's args and the per-revision membership they are rendered from."""
+"""pdmtp.core.render.router: the router's args and the per-revision membership they are rendered
+from."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from pdmtp.api.vocabulary import (
     ROUTER_METRICS_PORT,
     ROUTER_POLICIES,
 )
-from pdmtp.core.observe import Membership, Prefill, name_of, revision_membership
-from pdmtp.core.router import ROUTER_HEALTH_FLAGS, router_args, static_router_args
+from pdmtp.core.objects import name_of
+from pdmtp.core.render.membership import Membership, Prefill, revision_membership
+from pdmtp.core.render.router import ROUTER_HEALTH_FLAGS, router_args, static_router_args
 
 
 def pod(

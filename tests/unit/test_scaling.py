@@ -1,6 +1,6 @@
 """spec.autoscaling through `core.reconcile.decide`: scraped metrics in, the engine Deployments'
 replicas, the autoscaling status and its events out (core.scaling bridges spec, status and the
-pure decision of core.autoscaling)."""
+pure decision of core.scaling.autoscaler)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Annotate, Apply, Delete, SetStatus
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision, Observed, decide
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.scaling.roles import PodMetrics
 from test_reconcile import applied, body, pods_for, split
 
 NOW = 1_800_000_000.0

@@ -17,9 +17,9 @@ from pdmtp.api import rules
 from pdmtp.api.autoscaling import BAND_SLACK, band_reachable
 from pdmtp.api.flags import owned_flag
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core import planner
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.planner import Policy, Target
+from pdmtp.core.rollout import planner
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import Policy, Target
 from pdmtp.core.validation import validate
 from pdmtp.tools.simulate import SimCluster, run
 

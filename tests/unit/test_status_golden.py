@@ -1,8 +1,8 @@
 """The status the operator writes, byte for byte, for a fixed set of situations.
 
 The files under golden/status/ were recorded from the hand-built status dict that preceded the typed
-status builder (core/status.py); the builder must reproduce them exactly. Re-record only on a
-deliberate status change: `PDMTP_RECORD_GOLDEN=1 pytest tests/unit/test_status_golden.py`.
+status builder (core/status/builder.py); the builder must reproduce them exactly. Re-record only on
+a deliberate status change: `PDMTP_RECORD_GOLDEN=1 pytest tests/unit/test_status_golden.py`.
 """
 
 from __future__ import annotations

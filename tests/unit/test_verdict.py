@@ -1,5 +1,5 @@
-"""The hand-off verdict (pdmtp.core.verdict): each finding, its precedence, the two windows, and
-properties over any counts; plus the series names shared with the engine image."""
+"""The hand-off verdict (pdmtp.core.verification.verdict): each finding, its precedence, the two
+windows, and properties over any counts; plus the series names shared with the engine image."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pdmtp.core import promtext
 from pdmtp.core.promtext import Scrape, parse_scrape
-from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verdict import (
+from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.verification.verdict import (
     _COUNTS,
     Finding,
     Handoff,

@@ -19,16 +19,16 @@ from pdmtp.api.status import PDDeploymentStatus
 from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.context import Context
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.observe import format_time
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.objects import format_time
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
-from pdmtp.core.revision import compat_revision, target_and_policy
-from pdmtp.core.rollout import Health, steer
-from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verdict import Finding, Handoff, Outcome, Verdict
-from pdmtp.core.verification import expected_backoff, gate, verdicts
+from pdmtp.core.revision import compat_revision
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.rollout.steering import Health, steer, target_and_policy
+from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.verification.revisions import expected_backoff, gate, verdicts
+from pdmtp.core.verification.verdict import Finding, Handoff, Outcome, Verdict
 from pdmtp.tools.simulate import SimCluster, run
 from rollout_strategies import policies, targets
 

@@ -11,20 +11,19 @@ from typing import Any
 
 import pytest
 from pdmtp.api import vocabulary as v
-from pdmtp.core.observe import (
+from pdmtp.core.objects import describe
+from pdmtp.core.pods import (
     WAIT_MESSAGE_LENGTH,
     WAIT_ORDER,
     Wait,
     budget_waits,
-    describe,
     drain_waits,
     draining_roles,
-    listed_waits,
     ordered,
     pod_waits,
     waits,
 )
-from pdmtp.core.removal import Waiting
+from pdmtp.core.rollout.removal import Waiting, listed_waits
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 INSUFFICIENT_CPU = (
@@ -338,7 +337,7 @@ def test_a_leaving_pod_still_listed_by_its_routers_is_named() -> None:
 
 
 def test_stuck_first_then_by_kind_then_by_object() -> None:
-    facts = waits(
+    pods_waits = waits(
         [
             pod("x-new-prefill-0", "new", "prefill"),  # NotReady
             pending("x-new-router-0", "new", "router"),  # Unschedulable
@@ -349,9 +348,10 @@ def test_stuck_first_then_by_kind_then_by_object() -> None:
         [deployment("x-old-router", "router", "2027-01-15T08:01:00Z")],
         [budget()],
         NOW,
-        [Waiting("x-old-prefill-1", "old", "prefill", 1)],
         cordoned={"cordoned"},
     )
+    # The removal gate's holds join them as `reconcile.decide` joins them.
+    facts = ordered([*pods_waits, *listed_waits([Waiting("x-old-prefill-1", "old", "prefill", 1)])])
     assert [(w.object, w.reason) for w in facts] == [
         ("Pod/x-new-decode-0", "Unschedulable"),
         ("Pod/x-new-router-0", "Unschedulable"),

@@ -3,7 +3,7 @@
 Each role is driven by one source, never two:
 
 - `Operator` (the default): the operator scrapes the role's engines (their metrics-only port) and
-  decides with `pdmtp.core.autoscaling`, on the targets given here (or the role's defaults).
+  decides with `pdmtp.core.scaling.autoscaler`, on the targets given here (or the role's defaults).
 - `External`: an HPA, KEDA or `kubectl scale` drives the role through its `PDRoleScale` object
   (`<name>-<role>`, a scale subresource), which the operator creates for External roles only. An
   Operator role has no scale endpoint, so nothing outside can fight its scaler; the fields that

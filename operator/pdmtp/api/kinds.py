@@ -73,8 +73,9 @@ DEPLOYMENT: Final = Kind("Deployment", "apps", "v1", "deployments", OWN, watched
 """Per-revision workloads: applied, scaled (a patch), retired."""
 POD: Final = Kind("Pod", "", "v1", "pods", OWN, watched=True)
 """Engine and router pods: readiness, IPs for the router, termination messages; patched to mark
-an engine pod leaving routing before a scale-down removes it (`core.removal`); created and deleted
-only as members of a multi-node group (`core.groups`: no built-in workload keeps a group whole)."""
+an engine pod leaving routing before a scale-down removes it (`core.rollout.removal`); created and
+deleted only as members of a multi-node group (`core.groups`: no built-in workload keeps a group
+whole)."""
 # Shared children (the client Service, the routers' ServiceAccount, the NetworkPolicy): watched
 # so a deleted or edited one is restored; never deleted (the owner reference garbage-collects).
 # The one exception: a multi-node role's headless Service goes with its retired revision.
@@ -114,11 +115,11 @@ API holds none."""
 DISRUPTION_BUDGET: Final = Kind(
     v.DISRUPTION_BUDGET_KIND, "policy", "v1", "poddisruptionbudgets", OWN, watched=True
 )
-"""A (revision, engine role)'s PodDisruptionBudget (`core.budgets`): applied, watched so an edited
-or deleted one is restored, deleted with its revision."""
+"""A (revision, engine role)'s PodDisruptionBudget (`core.render.budgets`): applied, watched so an
+edited or deleted one is restored, deleted with its revision."""
 NODE: Final = Kind("Node", "", "v1", "nodes", READ, namespaced=False)
 """Nodes, listed and watched (every one) for cordons: a drain's engine pods are moved off first
-(`core.evacuation`)."""
+(`core.rollout.evacuation`)."""
 EVENT: Final = Kind("Event", "", "v1", "events", _verbs("create"))
 """Events about PDDeployments, posted only."""
 LEASE: Final = Kind(

@@ -325,7 +325,8 @@ WORKLOAD_API_UNAVAILABLE: Final = _reason(
     action="Serve the Workload API (see Prerequisites), or drop multiNode",
 )
 
-# Verified: the update revision's P/D path judged on what its decodes did (`core.verdict`).
+# Verified: the update revision's P/D path judged on what its decodes did
+# (`core.verification.verdict`).
 _READ_VERIFY = (
     "Run `pdmtp verify NAME`: it prints, per revision, the requests that pulled KV, the tokens "
     "pulled and recomputed, the failures and the acceptance"

@@ -62,7 +62,7 @@ ANNOTATION_LEAVING: Final = f"{GROUP}/leaving"
 """On an engine pod: out of routing before it is removed (RFC 3339 time it was marked)."""
 ANNOTATION_REPLACE: Final = f"{GROUP}/replace"
 """On an engine pod the operator replaces (its KV pulls kept failing): why. Its replacement comes
-first, then it leaves as a pod on a cordoned node does (`core.evacuation`)."""
+first, then it leaves as a pod on a cordoned node does (`core.rollout.evacuation`)."""
 ANNOTATION_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 """The ReplicaSet controller deletes the pods with the lowest cost first."""
 RELEASED_DELETION_COST: Final = "-1000000"
@@ -133,7 +133,7 @@ POD_GROUP_KIND: Final = "PodGroup"
 POD_GROUP_PLURAL: Final = "podgroups"
 
 DISRUPTION_BUDGET_KIND: Final = "PodDisruptionBudget"
-"""policy/v1: one per (revision, engine role), rendered by `core.budgets`."""
+"""policy/v1: one per (revision, engine role), rendered by `core.render.budgets`."""
 UNHEALTHY_POD_EVICTION_POLICY: Final = "AlwaysAllow"
 """A budget's unhealthyPodEvictionPolicy: an engine that is not Ready serves nothing, so evicting
 it never costs capacity, and a crash-looping new revision must not hold a drain."""
@@ -150,7 +150,7 @@ DEFAULT_ENGINE_GRACE_SECONDS: Final = 90
 after it is told to stop, then the shutdown (the template pdmtp rendered for drainSeconds' default
 before the two were separated, so such pods are not replaced on upgrade)."""
 ROUTER_VERSION: Final = "0.1.17"
-"""The vllm-router release images/router pins and core/router.py renders flags for."""
+"""The vllm-router release images/router pins and core/render/router.py renders flags for."""
 DEFAULT_ROUTER_IMAGE: Final = f"pdmtp-router:{ROUTER_VERSION}"
 ROUTER_POLICIES: Final[tuple[str, ...]] = ("round_robin", "random", "cache_aware", "power_of_two")
 """spec.router.policy values: the vllm-router `--policy` choices that need no extra inputs.

@@ -12,9 +12,10 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ROLES
 from pdmtp.cli.inputs import EXIT_INCOMPATIBLE, Subparsers, UnusableInput, load_one
 from pdmtp.core.agreement import check
-from pdmtp.core.invariants import InvariantMonitor
-from pdmtp.core.planner import Policy, Step, Target
-from pdmtp.core.revision import role_hash, target_and_policy
+from pdmtp.core.revision import role_hash
+from pdmtp.core.rollout.invariants import InvariantMonitor
+from pdmtp.core.rollout.planner import Policy, Step, Target
+from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.tools import simulate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace
 

@@ -11,8 +11,8 @@ import yaml
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.cli.inputs import Subparsers, UnusableInput, load_one
 from pdmtp.core.agreement import check
-from pdmtp.core.render import RevisionReplicas, revision_children, shared_children
-from pdmtp.core.revision import target_and_policy
+from pdmtp.core.render.children import RevisionReplicas, revision_children, shared_children
+from pdmtp.core.rollout.steering import target_and_policy
 
 
 def add_parser(subparsers: Subparsers) -> None:

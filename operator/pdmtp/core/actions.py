@@ -88,7 +88,7 @@ class Delete:
 
 @dataclass(frozen=True)
 class Annotate:
-    """Merge-patch a pod's annotations (None removes one): the marks of `core.removal`."""
+    """Merge-patch a pod's annotations (None removes one): the marks of `core.rollout.removal`."""
 
     name: str
     annotations: Mapping[str, str | None]

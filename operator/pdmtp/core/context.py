@@ -11,9 +11,9 @@ from typing import Any
 from pdmtp.api.status import PDDeploymentStatus
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.core.agreement import Agreement
-from pdmtp.core.grouping import Group
-from pdmtp.core.history import Recorded
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.groups.grouping import Group
+from pdmtp.core.render.history import Recorded
+from pdmtp.core.scaling.roles import PodMetrics
 
 Obj = Mapping[str, Any]
 

@@ -4,7 +4,7 @@
 
 1. validate the spec (`validation.validate`); an unusable or incompatible spec gets no new
    revision and its serving pods are left alone (invariant 7);
-2. read the revisions off the observed Deployments and pods (`observe`);
+2. read the revisions off the observed Deployments and pods (`rollout.states`);
 3. ask the planner for one step;
 4. render what each revision's workloads and disruption budgets should be and keep only the
    writes that change something: a missing child, or a field the operator owns that differs
@@ -25,7 +25,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core import budgets, groups, names, status, verification
+from pdmtp.core import names
 from pdmtp.core.actions import (
     Action,
     Annotate,
@@ -39,55 +39,60 @@ from pdmtp.core.actions import (
     resource_version,
 )
 from pdmtp.core.agreement import Agreement, check
-from pdmtp.core.conditions import Transition
 from pdmtp.core.context import Context
-from pdmtp.core.evacuation import evacuate
-from pdmtp.core.events import (
-    action_events,
-    condition_events,
-    revision_events,
-    rollout_events,
-    stall_events,
-)
-from pdmtp.core.group_actions import group_actions
-from pdmtp.core.grouping import groups_of, units, workloads
-from pdmtp.core.history import history_actions, latest_spec, recorded
-from pdmtp.core.observe import (
-    annotations_of,
+from pdmtp.core.groups import podgroups
+from pdmtp.core.groups.actions import group_actions
+from pdmtp.core.groups.grouping import groups_of, units, workloads
+from pdmtp.core.objects import annotations_of, format_time, labels_of, parse_time
+from pdmtp.core.pods import (
     crash_looping,
     engine_failures,
-    format_time,
-    labels_of,
-    listed_waits,
     ordered,
-    parse_time,
     rejected_pods,
-    removal_view,
     replacing_waits,
-    revision_membership,
-    revision_states,
     unschedulable,
     waits,
 )
-from pdmtp.core.planner import RevisionPlan, Step, plan
-from pdmtp.core.removal import EnginePod, Removal, gate
-from pdmtp.core.render import (
+from pdmtp.core.render import budgets
+from pdmtp.core.render.children import (
     engine_deployment,
     engine_pod_template,
     router_deployment,
     shared_children,
 )
-from pdmtp.core.revision import target_and_policy
-from pdmtp.core.rollout import Health, Steering, canary_traffic, steer, track
-from pdmtp.core.scaling import (
+from pdmtp.core.render.history import history_actions, latest_spec, recorded
+from pdmtp.core.render.membership import revision_membership
+from pdmtp.core.rollout.evacuation import evacuate
+from pdmtp.core.rollout.planner import RevisionPlan, Step, plan
+from pdmtp.core.rollout.removal import EnginePod, Removal, gate, listed_waits, removal_view
+from pdmtp.core.rollout.states import revision_states
+from pdmtp.core.rollout.steering import (
+    Health,
+    Steering,
+    canary_traffic,
+    steer,
+    target_and_policy,
+    track,
+)
+from pdmtp.core.scaling.roles import (
     PodMetrics,
     Scaling,
     role_scale_actions,
     role_scale_counts,
     scale,
 )
+from pdmtp.core.status.builder import Observations, as_dict, build, parse_status, unusable
+from pdmtp.core.status.conditions import Transition
+from pdmtp.core.status.events import (
+    action_events,
+    condition_events,
+    revision_events,
+    rollout_events,
+    stall_events,
+)
 from pdmtp.core.validation import validate
-from pdmtp.core.verdict import Verdict
+from pdmtp.core.verification import revisions
+from pdmtp.core.verification.verdict import Verdict
 
 Obj = Mapping[str, Any]
 
@@ -127,7 +132,7 @@ class _Inputs:
     """What the status is built from, kept so `report` can add the refusals."""
 
     ctx: Context
-    seen: status.Observations
+    seen: Observations
     steering: Steering
     record: RolloutStatus | None
     scaling: Scaling | None
@@ -152,8 +157,8 @@ class Decision:
             assert self._unusable is not None
             return self._unusable
         i = self._inputs
-        new, transitions = status.build(i.ctx, i.seen, i.steering, i.record, i.scaling, refused)
-        written = status.as_dict(new)
+        new, transitions = build(i.ctx, i.seen, i.steering, i.record, i.scaling, refused)
+        written = as_dict(new)
         keys = {r.key for r in refused} | set(unapplied)
         old = i.ctx.old
         events = [
@@ -189,16 +194,16 @@ def decide(observed: Observed, now: float) -> Decision:
     stamp = format_time(now)
     body = observed.pdd
     raw_status: Obj = body.get("status") or {}
-    old = status.parse_status(raw_status)
+    old = parse_status(raw_status)
     generation = (body.get("metadata") or {}).get("generation")
 
     # 1. Validate.
     verdict = validate(body)
     if verdict.pdd is None or verdict.agreement is None:
-        refused = status.unusable(old, generation, verdict.message(), stamp)
+        refused = unusable(old, generation, verdict.message(), stamp)
         return _unusable(refused, old, raw_status)
     if (missing := _missing_workload_api(verdict.agreement, observed.workload_api)) is not None:
-        refused = status.unusable(old, generation, missing, stamp, reasons.WORKLOAD_API_UNAVAILABLE)
+        refused = unusable(old, generation, missing, stamp, reasons.WORKLOAD_API_UNAVAILABLE)
         return _unusable(refused, old, raw_status)
     ctx = _context(observed, verdict.pdd, verdict.agreement, old, raw_status, generation, now)
 
@@ -215,7 +220,7 @@ def decide(observed: Observed, now: float) -> Decision:
     states = revision_states([*ctx.deployments, *workloads(ctx.groups)], ctx.pods)
     # What each revision's decodes did (`core.verification`), and what that holds back.
     verification_spec = ctx.spec.effective_verification
-    judged = verification.verdicts(
+    judged = revisions.verdicts(
         verification_spec, states, ctx.raw_pods, ctx.metrics, spec_target.revision
     )
     health = _health(ctx, judged.get(spec_target.revision or ""))
@@ -226,10 +231,10 @@ def decide(observed: Observed, now: float) -> Decision:
     # A serving decode whose KV pulls keep failing is marked, and moved as a pod on a cordoned
     # node is: its replacement first, then out of routing and removed through the gate.
     failed = steering.failed_revision if steering.rolling_back else None
-    to_replace = verification.replacements(
+    to_replace = revisions.replacements(
         verification_spec, states, ctx.raw_pods, ctx.metrics, failed
     )
-    replacing = {**verification.marked(ctx.raw_pods), **to_replace}
+    replacing = {**revisions.marked(ctx.raw_pods), **to_replace}
     engines, routers = removal_view(ctx.pods, ctx.cordoned, replacing)
     evacuated = evacuate(step.revisions, states, engines, steering.policy)
     removal = gate(evacuated, states, engines, routers)
@@ -262,9 +267,7 @@ def decide(observed: Observed, now: float) -> Decision:
         [*health.waits, *replacing_waits(ctx.raw_pods, replacing), *listed_waits(removal.waiting)]
     )
     rejected = rejected_pods(ctx.deployments)
-    seen = status.Observations(
-        states, step, health.failures, health.waiting, rejected, facts, judged
-    )
+    seen = Observations(states, step, health.failures, health.waiting, rejected, facts, judged)
     share = canary_traffic(states, steering.target.revision) if step.outcome == "Held" else None
     record = track(old.rollout, steering, step, states, now, share)
     inputs = _Inputs(
@@ -288,7 +291,7 @@ def _unusable(
     """No actions: a spec that cannot be rolled out leaves the serving pods alone; its status
     says why."""
     new, transitions = refused
-    written = status.as_dict(new)
+    written = as_dict(new)
     events = tuple(condition_events(transitions, old.conditions, new.conditions))
     report = Report(written, written != _without_none(raw_status), events)
     return Decision((), None, None, _unusable=report)
@@ -296,7 +299,7 @@ def _unusable(
 
 def _missing_workload_api(agreement: Agreement, workload_api: str | None) -> str | None:
     """Why a multi-node spec cannot be served (None: it can, or it is not multi-node)."""
-    grouped = [r for r in v.ENGINE_ROLES if groups.shape_of(agreement, r) is not None]
+    grouped = [r for r in v.ENGINE_ROLES if podgroups.shape_of(agreement, r) is not None]
     if not grouped or workload_api is not None:
         return None
     return (
@@ -368,7 +371,7 @@ def _health(ctx: Context, spec_verdict: Verdict | None) -> Health:
         crash_looping(ctx.raw_pods),
         unschedulable(ctx.raw_pods),
         waits(ctx.raw_pods, ctx.deployments, budgets_seen, ctx.now, cordoned=ctx.cordoned),
-        verification.gate(ctx.spec.effective_verification, spec_verdict),
+        revisions.gate(ctx.spec.effective_verification, spec_verdict),
     )
 
 
@@ -398,15 +401,15 @@ def _group_role(
     mine = [g for g in ctx.groups if g.revision == p.revision and g.role == role]
     render = None
     actions: list[Action] = []
-    if agreement is not None and groups.shape_of(agreement, role) is not None:
-        service = groups.group_service(ctx.pdd, p.revision, role)
+    if agreement is not None and podgroups.shape_of(agreement, role) is not None:
+        service = podgroups.group_service(ctx.pdd, p.revision, role)
         if change := apply_if_drifted(service, ctx.existing):
             actions.append(change)
         template = engine_pod_template(ctx.pdd, p.revision, role, agreement)
-        api = ctx.workload_api or groups.DEFAULT_WORKLOAD_API
+        api = ctx.workload_api or podgroups.DEFAULT_WORKLOAD_API
 
         def render(gid: str) -> list[dict[str, Any]]:
-            return groups.group_objects(ctx.pdd, p.revision, role, gid, template, agreement, api)
+            return podgroups.group_objects(ctx.pdd, p.revision, role, gid, template, agreement, api)
 
     return actions + group_actions(mine, p.replicas(role), render, removal.released)
 
@@ -505,7 +508,7 @@ def _spec_workloads(ctx: Context, p: RevisionPlan, removal: Removal) -> tuple[li
     actions: list[Action] = []
     shapes: Shapes = {}
     for role in v.ENGINE_ROLES:
-        shape = groups.shape_of(ctx.agreement, role)
+        shape = podgroups.shape_of(ctx.agreement, role)
         shapes[role] = None if shape is None else shape.nodes
         if shape is not None:
             actions += _group_role(ctx, p, role, ctx.agreement, removal)
@@ -536,7 +539,7 @@ def _older_workloads(
             continue
         old_spec = old_spec or latest_spec(ctx.history, p.revision)
         old = check(old_spec) if old_spec is not None else None
-        shape = None if old is None else groups.shape_of(old, role)
+        shape = None if old is None else podgroups.shape_of(old, role)
         if role_groups or shape is not None:
             actions += _group_role(ctx, p, role, old, removal)
             sizes = [g.size for g in role_groups if g.size]

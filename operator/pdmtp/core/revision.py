@@ -14,10 +14,8 @@ from typing import Any
 
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core.agreement import Agreement
 from pdmtp.core.effective import Effective, EngineRoleSettings, resolve
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.planner import Policy, Target
 
 REVISION_LENGTH = 8
 
@@ -113,12 +111,3 @@ def compat_revision(spec: PDDeploymentSpec) -> str:
 def role_hash(spec: PDDeploymentSpec, role: Role | EngineRole) -> str:
     """`hash_of` a spec's role."""
     return hash_of(resolve(spec), role)
-
-
-def target_and_policy(agreement: Agreement) -> tuple[Target, Policy]:
-    """What the planner aims for and the rules it keeps; no target revision when incompatible."""
-    eff = agreement.settings
-    revision = revision_of(eff) if agreement.compatible else None
-    target = Target(revision, eff.prefill.replicas, eff.decode.replicas, eff.router.replicas)
-    rollout = eff.rollout
-    return target, Policy(rollout.max_surge, rollout.max_unavailable, rollout.drain_seconds)

@@ -5,8 +5,8 @@ deletes pods (unready ones first, then the lowest deletion cost, as the ReplicaS
 does), pods that become ready in an order the caller's random source decides, terminating pods
 that linger, and routers that list the engines they were started with and are rolled (a new pod
 before an old one goes) when that membership changes. The operator's side is the planner and the
-removal gate (`core.removal`), exactly as the reconcile runs them. `pdmtp plan` prints its trace;
-the unit tests drive it with hypothesis over many shapes and policies.
+removal gate (`core.rollout.removal`), exactly as the reconcile runs them. `pdmtp plan` prints its
+trace; the unit tests drive it with hypothesis over many shapes and policies.
 """
 
 from __future__ import annotations
@@ -17,9 +17,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, ROLES
-from pdmtp.core.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, plan, steady_listing
-from pdmtp.core.removal import EnginePod, Removal, RouterPod, gate, listed_urls
+from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating
+from pdmtp.core.rollout.planner import (
+    Policy,
+    RevisionState,
+    RoleState,
+    Step,
+    Target,
+    plan,
+    steady_listing,
+)
+from pdmtp.core.rollout.removal import EnginePod, Removal, RouterPod, gate, listed_urls
 
 _pod_names = itertools.count()
 

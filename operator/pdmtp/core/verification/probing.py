@@ -1,10 +1,10 @@
 """Which revisions the operator sends its own requests through, so that they can be judged.
 
-A revision is judged on what its decodes did (`core.verdict`): with no traffic there is nothing
-to judge, and a canary deployed at night, or a Gate rollout, would wait for clients. So while a
-revision's verdict says it awaits requests or drafts, the operator sends it small completions
-of its own, through one of the revision's own Ready router pods (not the client Service, which
-spreads over every serving revision), at most `spec.verification.probeRequestsPerMinute`, one
+A revision is judged on what its decodes did (`core.verification.verdict`): with no traffic there is
+nothing to judge, and a canary deployed at night, or a Gate rollout, would wait for clients. So
+while a revision's verdict says it awaits requests or drafts, the operator sends it small
+completions of its own, through one of the revision's own Ready router pods (not the client Service,
+which spreads over every serving revision), at most `spec.verification.probeRequestsPerMinute`, one
 at a time. A revision whose router, prefill or decode is not Ready gets none: a probe must never
 be the first request a half-started revision sees, nor count as its failure.
 
@@ -21,7 +21,7 @@ from typing import Any
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.core.observe import labels_of, name_of, pod_ready, pod_url, serves
+from pdmtp.core.objects import labels_of, name_of, pod_ready, pod_url, serves
 
 Obj = Mapping[str, Any]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.core import names
-from pdmtp.core.observe import (
+from pdmtp.core.objects import (
     annotations_of,
     format_time,
     is_terminating,

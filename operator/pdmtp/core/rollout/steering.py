@@ -28,10 +28,12 @@ from dataclasses import dataclass, field, replace
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
+from pdmtp.core.agreement import Agreement
 from pdmtp.core.context import Context
-from pdmtp.core.observe import PodIssue, Wait, describe, format_time, parse_time
-from pdmtp.core.planner import Policy, RevisionState, Step, Target, establishment
-from pdmtp.core.verification import Gate
+from pdmtp.core.objects import describe, format_time, parse_time
+from pdmtp.core.pods import PodIssue, Wait
+from pdmtp.core.revision import revision_of
+from pdmtp.core.rollout.planner import Policy, RevisionState, Step, Target, establishment
 
 
 @dataclass(frozen=True)
@@ -63,8 +65,22 @@ class Steering:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """What the update revision's verdict does to its rollout."""
+
+    failure: str | None = None
+    """Why the revision failed its verdict (the rollout fails as on its deadline); None if not."""
+    finding: str | None = None
+    """The failed verdict's reason (a Verified condition reason)."""
+    awaiting: str | None = None
+    """Why the old revision keeps its last pods (mode Gate, not Verified yet); None if free."""
+    verified: bool = False
+    """An auto-promoting canary may go on."""
+
+
+@dataclass(frozen=True)
 class Health:
-    """What is wrong with pods, from `observe`."""
+    """What is wrong with pods (`core.pods`)."""
 
     failures: Sequence[PodIssue] = ()
     crash_looping: Sequence[PodIssue] = ()
@@ -73,6 +89,15 @@ class Health:
     """What an unfinished step waits for, every revision and role (`observe.waits`)."""
     verification: Gate = field(default_factory=Gate)
     """What the spec revision's verdict does to its rollout (`verification.gate`)."""
+
+
+def target_and_policy(agreement: Agreement) -> tuple[Target, Policy]:
+    """What the planner aims for and the rules it keeps; no target revision when incompatible."""
+    eff = agreement.settings
+    revision = revision_of(eff) if agreement.compatible else None
+    target = Target(revision, eff.prefill.replicas, eff.decode.replicas, eff.router.replicas)
+    rollout = eff.rollout
+    return target, Policy(rollout.max_surge, rollout.max_unavailable, rollout.drain_seconds)
 
 
 def steer(

@@ -27,14 +27,27 @@ from pdmtp.api.v1alpha1 import PDDeploymentSpec, RoleSpec
 from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
-from pdmtp.core.conditions import ConditionUpdate, Transition, parse_conditions, set_conditions
 from pdmtp.core.context import Context
-from pdmtp.core.observe import PodIssue, Wait, describe
-from pdmtp.core.planner import Policy, RevisionState, RoleState, Step, Target, availability_floor
-from pdmtp.core.rollout import Steering
-from pdmtp.core.scaling import Scaling
-from pdmtp.core.verdict import Outcome, Verdict
-from pdmtp.core.verification import as_status
+from pdmtp.core.objects import describe
+from pdmtp.core.pods import PodIssue, Wait
+from pdmtp.core.rollout.planner import (
+    Policy,
+    RevisionState,
+    RoleState,
+    Step,
+    Target,
+    availability_floor,
+)
+from pdmtp.core.rollout.steering import Steering
+from pdmtp.core.scaling.roles import Scaling
+from pdmtp.core.status.conditions import (
+    ConditionUpdate,
+    Transition,
+    parse_conditions,
+    set_conditions,
+)
+from pdmtp.core.verification.revisions import as_status
+from pdmtp.core.verification.verdict import Outcome, Verdict
 
 Obj = Mapping[str, Any]
 

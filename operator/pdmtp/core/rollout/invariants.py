@@ -1,7 +1,7 @@
 """The rollout invariants as one pure checker, fed one observation at a time.
 
 The planner's simulator (`simulate`) feeds it every simulated second; the cluster tier's watcher
-feeds it every watch event of a real rollout (its snapshots go through `observe`). Invariants
+feeds it every watch event of a real rollout (its snapshots go through `rollout.states`). Invariants
 (docs/design.md, "Rollout invariants"):
 
 1. a router lists only its own revision's engines (`foreign_routes`, over rendered routers);
@@ -12,7 +12,7 @@ feeds it every watch event of a real rollout (its snapshots go through `observe`
 4. an old revision's engine pods start terminating only drainSeconds after its traffic stopped;
 5. on a superseded roll (A -> B -> C) the most established revision (A) serves longest;
 8. an engine pod starts terminating only once no router pod of its revision lists it (scale-down,
-   canary share, a roll's shrinking revision: `core.removal`).
+   canary share, a roll's shrinking revision: `core.rollout.removal`).
 
 Two documented exceptions are matched here as in the planner: a one-role floor of 0 makes every
 floor 0 (`availability_floor`), and a wedged superseded roll may hold one pod beyond maxSurge.
@@ -26,8 +26,9 @@ from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core.observe import engine_url, labels_of, router_urls
-from pdmtp.core.planner import (
+from pdmtp.core.objects import engine_url, labels_of
+from pdmtp.core.render.membership import router_urls
+from pdmtp.core.rollout.planner import (
     Policy,
     RevisionState,
     Target,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from pdmtp.api.vocabulary import ROUTER_HTTP_PORT, ROUTER_METRICS_PORT, ROUTER_POLICIES
-from pdmtp.core.observe import Membership, Prefill
+from pdmtp.core.render.membership import Membership, Prefill
 
 ROUTER_READINESS_PATH: Final = "/readiness"
 """The readinessProbe path. The router listens only after its start-up health wait and every

@@ -16,14 +16,16 @@ from typing import Any
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole, Role
-from pdmtp.core import budgets, groups, names, scheduling
+from pdmtp.core import names
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.effective import Effective, EngineRoleSettings, Shared
+from pdmtp.core.groups import podgroups
 from pdmtp.core.hashing import canonical_json
-from pdmtp.core.observe import Membership
+from pdmtp.core.render import budgets, scheduling
+from pdmtp.core.render.membership import Membership
+from pdmtp.core.render.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, router_args
+from pdmtp.core.render.weights import weights
 from pdmtp.core.revision import hash_of
-from pdmtp.core.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, router_args
-from pdmtp.core.weights import weights
 
 Manifest = dict[str, Any]
 
@@ -464,7 +466,7 @@ def revision_children(
     replicas: RevisionReplicas,
     agreement: Agreement,
     membership: Membership | None,
-    pod_group_api: str = groups.DEFAULT_WORKLOAD_API,
+    pod_group_api: str = podgroups.DEFAULT_WORKLOAD_API,
 ) -> list[Manifest]:
     """The workloads of one revision, from the settings `agreement` judged: per engine role a
     Deployment, or for a multi-node role its headless Service and `replicas` whole groups
@@ -474,15 +476,15 @@ def revision_children(
     out: list[Manifest] = []
     for role in v.ENGINE_ROLES:
         count = replicas.prefill if role == "prefill" else replicas.decode
-        shape = groups.shape_of(agreement, role)
+        shape = podgroups.shape_of(agreement, role)
         if shape is None:
             out.append(engine_deployment(pdd, revision, role, count, agreement))
             out.append(budgets.disruption_budget(pdd, revision, role, allowed))
             continue
         template = engine_pod_template(pdd, revision, role, agreement)
-        out.append(groups.group_service(pdd, revision, role))
-        for gid in groups.next_group_ids(set(), count):
-            out += groups.group_objects(
+        out.append(podgroups.group_service(pdd, revision, role))
+        for gid in podgroups.next_group_ids(set(), count):
+            out += podgroups.group_objects(
                 pdd, revision, role, gid, template, agreement, pod_group_api
             )
         grouped = budgets.allowance(eff.rollout, grouped=True)

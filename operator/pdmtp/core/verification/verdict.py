@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from pdmtp.api import reasons
 from pdmtp.core.promtext import Scrape
-from pdmtp.core.scaling import PodMetrics
+from pdmtp.core.scaling.roles import PodMetrics
 
 
 class Outcome(StrEnum):

@@ -12,10 +12,10 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import Condition, WaitStatus
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Scale
-from pdmtp.core.conditions import Transition
-from pdmtp.core.observe import describe, format_time
-from pdmtp.core.planner import RevisionState, Step
-from pdmtp.core.rollout import Steering
+from pdmtp.core.objects import describe, format_time
+from pdmtp.core.rollout.planner import RevisionState, Step
+from pdmtp.core.rollout.steering import Steering
+from pdmtp.core.status.conditions import Transition
 
 
 def transition_event(t: Transition) -> Event:

@@ -10,8 +10,8 @@ budget never holds the operator's own moves, and a retiring revision's budget go
 Else, for a single-node role whose rollout may surge (maxSurge >= 1, the default), 0: an evicted
 engine would start terminating while its routers still list it, and its replacement would start
 only then, so the budget refuses the eviction and the operator moves the pod itself, replacement
-first, through the removal gate (`core.evacuation`); the drain retries its eviction until the
-pod is gone, and then moves on. A drain therefore waits for the operator (two replicas elect a
+first, through the removal gate (`core.rollout.evacuation`); the drain retries its eviction until
+the pod is gone, and then moves on. A drain therefore waits for the operator (two replicas elect a
 leader, so one is there). Else (no surge, or a multi-node role) the rollout policy's
 `maxUnavailable` (the availability floor), and at least 1: a budget of 0 there would hold a drain
 forever, since nothing would bring up a replacement first. With 1, a drain takes one pod (one
@@ -22,9 +22,9 @@ such a drain takes it down until its replacement is Ready.
 **Single-node roles: maxUnavailable.** The disruption controller counts it against the owning
 Deployment's `spec.replicas`, so the budget follows every scale (the planner's, the autoscaler's,
 an HPA's through a PDRoleScale) without being rewritten, and a pod the removal gate takes out
-(`core.removal`) is not counted twice: the gate holds the Deployment's replicas until the pod is
-released, so while it is leaving it is both expected and healthy, and then the replicas and the
-pod go together (for the moment between the scale and the ReplicaSet's delete, milliseconds, the
+(`core.rollout.removal`) is not counted twice: the gate holds the Deployment's replicas until the
+pod is released, so while it is leaving it is both expected and healthy, and then the replicas and
+the pod go together (for the moment between the scale and the ReplicaSet's delete, milliseconds, the
 released pod still counts as healthy).
 
 **Multi-node roles: minAvailable, in pods, over the whole group.** A group's pods are owned by
@@ -57,7 +57,7 @@ Manifest = dict[str, Any]
 
 def allowance(rollout: RolloutSpec, grouped: bool = False) -> int:
     """Pods (groups, for a multi-node role: `grouped`) per role and revision a drain may take at
-    once: 0 where the operator moves the pods itself (`core.evacuation`)."""
+    once: 0 where the operator moves the pods itself (`core.rollout.evacuation`)."""
     if rollout.disruption_budget is not None:
         return rollout.disruption_budget.max_unavailable
     if rollout.max_surge > 0 and not grouped:

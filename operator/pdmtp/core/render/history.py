@@ -20,8 +20,8 @@ from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.core import names
 from pdmtp.core.actions import Action, Delete, apply_if_drifted
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.observe import labels_of, name_of
-from pdmtp.core.render import owner_reference
+from pdmtp.core.objects import labels_of, name_of
+from pdmtp.core.render.children import owner_reference
 
 Obj = Mapping[str, Any]
 Manifest = dict[str, Any]

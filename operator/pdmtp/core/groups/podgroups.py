@@ -124,7 +124,7 @@ def group_pod(
     _gpus(container, gpus)
     if rank > 0:
         # A headless rank serves no HTTP, so it has no probe. A lost rank is seen in the pods'
-        # status (core.grouping replaces the group), not in the leader's /health: vLLM 0.32's
+        # status (core.groups.grouping replaces the group), not in the leader's /health: vLLM 0.32's
         # leader kept answering 200 after its worker was killed (docs/benchmarks.md).
         for probe in PROBES:
             container.pop(probe, None)

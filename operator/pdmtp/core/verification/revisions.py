@@ -1,8 +1,8 @@
 """Each revision's verdict from what its decode pods reported, and what the verdict holds back.
 
 `verdicts` sums every revision's decode pods (a multi-node group through its leader, the only
-rank that serves and reports) over their lifetime and judges it (`core.verdict`); a revision
-that rolled out (alone, or older than the one the spec rolls to) counts its failed and
+rank that serves and reports) over their lifetime and judges it (`core.verification.verdict`); a
+revision that rolled out (alone, or older than the one the spec rolls to) counts its failed and
 decode-only pulls only since the previous scrape (it is judged on whether it still hands KV
 over, not on a blip it recovered from). A revision
 against the most established other revision that serves, the serving revision against the
@@ -16,21 +16,21 @@ an old revision is judged by the lookahead it was rendered for, not by the spec'
 
 `replacements` picks the serving decode pods whose KV receives keep failing: each is marked
 (`pdmtp.io/replace`, which says why) and moved as a pod on a cordoned node is, its replacement
-first (`core.evacuation`). One pod of a revision at a time: a fault that is the revision's or the
-prefill's (every new pod fails too) then costs one pod start per round, not the whole role, and
-the revision's Verified condition and the alert already say so.
+first (`core.rollout.evacuation`). One pod of a revision at a time: a fault that is the revision's
+or the prefill's (every new pod fails too) then costs one pod start per round, not the whole role,
+and the revision's Verified condition and the alert already say so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import VerificationStatus
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.core.observe import (
+from pdmtp.core.objects import (
     annotations_of,
     is_leaving,
     is_terminating,
@@ -38,9 +38,18 @@ from pdmtp.core.observe import (
     name_of,
     pod_ready,
 )
-from pdmtp.core.planner import RevisionState, establishment
-from pdmtp.core.scaling import PodMetrics
-from pdmtp.core.verdict import Handoff, Outcome, Rules, Verdict, judge, lifetime, recent
+from pdmtp.core.rollout.planner import RevisionState, establishment
+from pdmtp.core.rollout.steering import Gate
+from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.verification.verdict import (
+    Handoff,
+    Outcome,
+    Rules,
+    Verdict,
+    judge,
+    lifetime,
+    recent,
+)
 
 Obj = Mapping[str, Any]
 
@@ -133,20 +142,6 @@ def verdicts(
         )
         for s in states
     }
-
-
-@dataclass(frozen=True)
-class Gate:
-    """What the update revision's verdict does to its rollout."""
-
-    failure: str | None = None
-    """Why the revision failed its verdict (the rollout fails as on its deadline); None if not."""
-    finding: str | None = None
-    """The failed verdict's reason (a Verified condition reason)."""
-    awaiting: str | None = None
-    """Why the old revision keeps its last pods (mode Gate, not Verified yet); None if free."""
-    verified: bool = False
-    """An auto-promoting canary may go on."""
 
 
 def gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:

@@ -18,9 +18,9 @@ from collections.abc import Callable, Collection, Sequence
 
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Action, Apply, Delete
-from pdmtp.core.grouping import Group
-from pdmtp.core.groups import next_group_ids
-from pdmtp.core.observe import name_of, pod_ready
+from pdmtp.core.groups.grouping import Group
+from pdmtp.core.groups.podgroups import next_group_ids
+from pdmtp.core.objects import name_of, pod_ready
 
 Manifest = dict[str, object]
 Render = Callable[[str], list[dict[str, object]]]

@@ -20,11 +20,25 @@ pod returns to routing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.planner import RevisionPlan, RevisionState
+from pdmtp.core.objects import (
+    Obj,
+    annotations_of,
+    engine_url,
+    is_leaving,
+    is_terminating,
+    labels_of,
+    name_of,
+    parse_time,
+    pod_ready,
+)
+from pdmtp.core.pods import Wait
+from pdmtp.core.render.membership import container_args, router_urls
+from pdmtp.core.rollout.planner import RevisionPlan, RevisionState
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,7 @@ class EnginePod:
     template: str = ""
     """Its ReplicaSet's pod-template-hash: pods of an older template go first."""
     evacuate: bool = False
-    """On a cordoned node (a drain under way): it goes first (`core.evacuation`)."""
+    """On a cordoned node (a drain under way): it goes first (`core.rollout.evacuation`)."""
 
 
 @dataclass(frozen=True)
@@ -165,3 +179,71 @@ def listed_urls(routers: Iterable[RouterPod]) -> Mapping[str, frozenset[str]]:
     for r in routers:
         out.setdefault(r.revision, set()).update(r.lists)
     return {rev: frozenset(urls) for rev, urls in out.items()}
+
+
+def removal_view(
+    pods: Iterable[Obj],
+    cordoned: frozenset[str] = frozenset(),
+    replacing: Collection[str] = frozenset(),
+) -> tuple[list[EnginePod], list[RouterPod]]:
+    """One PDDeployment's live engine pods and all its router pods (terminating ones too: they
+    serve through their preStop), as `core.rollout.removal` decides over them; an engine pod on a
+    `cordoned` node, or one the operator is `replacing`, is to be moved
+    (`core.rollout.evacuation`)."""
+    engines: list[EnginePod] = []
+    routers: list[RouterPod] = []
+    for pod in pods:
+        labels = labels_of(pod)
+        revision, role = labels.get(v.LABEL_REVISION, ""), labels.get(v.LABEL_ROLE)
+        if role == "router":
+            routers.append(RouterPod(revision, router_urls(container_args(pod.get("spec") or {}))))
+        elif role in v.ENGINE_ROLES and not is_terminating(pod):
+            ip = (pod.get("status") or {}).get("podIP")
+            meta = pod.get("metadata") or {}
+            notes = annotations_of(pod)
+            engines.append(
+                EnginePod(
+                    name=name_of(pod),
+                    revision=revision,
+                    role=role,
+                    url=engine_url(ip) if ip else None,
+                    ready=pod_ready(pod),
+                    leaving=is_leaving(pod),
+                    released=notes.get(v.ANNOTATION_DELETION_COST) == v.RELEASED_DELETION_COST,
+                    created=parse_time(meta.get("creationTimestamp")) or 0.0,
+                    template=labels.get("pod-template-hash", ""),
+                    evacuate=(pod.get("spec") or {}).get("nodeName") in cordoned
+                    or name_of(pod) in replacing,
+                )
+            )
+    return engines, routers
+
+
+def listed_waits(waiting: Iterable[Waiting]) -> list[Wait]:
+    """Leaving pods the removal gate holds because router pods still list them."""
+    return [
+        Wait(
+            f"Pod/{w.pod}",
+            w.revision,
+            w.role,
+            "ListedByRouter",
+            f"leaving; {w.routers} router pod(s) of {w.revision} still list it",
+            False,
+        )
+        for w in waiting
+    ]
+
+
+def listed_engines(pods: Iterable[Obj]) -> dict[str, frozenset[str]]:
+    """Per revision, the engine pods (by name, terminating ones too) that some router pod of that
+    revision, terminating ones too, lists: invariant 8's view (`core.rollout.invariants`)."""
+    pods = list(pods)
+    urls = listed_urls(removal_view(pods)[1])
+    out: dict[str, set[str]] = {}
+    for pod in pods:
+        labels = labels_of(pod)
+        revision, ip = labels.get(v.LABEL_REVISION, ""), (pod.get("status") or {}).get("podIP")
+        listed = ip and engine_url(ip) in urls.get(revision, frozenset())
+        if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
+            out.setdefault(revision, set()).add(name_of(pod))
+    return {rev: frozenset(names) for rev, names in out.items()}

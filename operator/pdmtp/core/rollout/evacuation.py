@@ -3,14 +3,14 @@
 `kubectl drain` cordons a node, then evicts its pods. An evicted engine starts terminating while
 its routers still list it, and its replacement starts only then; if the routers' roll outlasts
 the engine's preStop, requests fail. So where the rollout may surge, the engine budgets allow no
-eviction (`core.budgets`), the drain waits, and the operator moves the pods itself:
+eviction (`core.render.budgets`), the drain waits, and the operator moves the pods itself:
 
 1. **surge**: a (revision, role) with serving pods on a cordoned node asks for up to maxSurge more
    replicas while fewer pods off those nodes are Ready than the plan wants (the scheduler places
    them elsewhere: the node is unschedulable);
 2. **remove**: once they are Ready, the plan's own count stands again, and the removal gate
-   (`core.removal`) takes the difference, the cordoned node's pods first: out of the routers'
-   lists, then the lowest deletion cost, then the replicas drop and the ReplicaSet deletes
+   (`core.rollout.removal`) takes the difference, the cordoned node's pods first: out of the
+   routers' lists, then the lowest deletion cost, then the replicas drop and the ReplicaSet deletes
    exactly them. The drain finds their node empty of engines and completes.
 
 Multi-node groups are not moved (their budget allows one group at a time, and the operator
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.planner import Policy, RevisionPlan, RevisionState
-from pdmtp.core.removal import EnginePod
+from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState
+from pdmtp.core.rollout.removal import EnginePod
 
 
 def evacuate(

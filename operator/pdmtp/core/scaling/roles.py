@@ -2,7 +2,7 @@
 
 `scale(spec, old, pods, metrics, external, now)` turns the status's remembered recommendations and
 changes into the decision's history, the engine pods and their scrapes into observations, calls
-`pdmtp.core.autoscaling.decide` on spec.autoscaling once per interval, and
+`pdmtp.core.scaling.autoscaler.decide` on spec.autoscaling once per interval, and
 returns the desired count per role with the status to write and the events to post. Between two
 evaluations the counts stay as the status says, so a reconcile that an unrelated event triggers
 moves nothing; a changed bound (min/max, a role's own replicas, the band) or a new count on an
@@ -31,10 +31,9 @@ from pdmtp.api.status import (
 )
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole
-from pdmtp.core import autoscaling as a
 from pdmtp.core import names
 from pdmtp.core.actions import Action, Apply, Delete, Event, SetStatus
-from pdmtp.core.observe import (
+from pdmtp.core.objects import (
     format_time,
     is_terminating,
     labels_of,
@@ -43,7 +42,8 @@ from pdmtp.core.observe import (
     pod_ready,
 )
 from pdmtp.core.promtext import Scrape
-from pdmtp.core.render import owner_reference
+from pdmtp.core.render.children import owner_reference
+from pdmtp.core.scaling import autoscaler as a
 
 Obj = Mapping[str, Any]
 

@@ -1,0 +1,8 @@
+"""Scaling: how many replicas each engine role wants, which a rollout then reaches.
+
+- `autoscaler`: the elastic P/D decision over the engines' scraped metrics (pure arithmetic).
+- `roles`: the autoscaler's step for a PDDeployment (its status, its events), and the PDRoleScale
+  objects whose scale subresource lets an HPA or KEDA set a role's count instead.
+
+Imports only `render`, `groups` and the base modules (`make lint` holds this).
+"""
