@@ -76,6 +76,10 @@ class HttpSource:
 
 @dataclass(frozen=True)
 class DirectorySource:
+    """Scrapes from files, `ROOT/<namespace>/<pod>.prom` (tests): a writer replaces a file
+    whole (write elsewhere, then rename), since a file read while rewritten in place can be
+    empty, and an empty scrape reads as an engine without the hand-off counts."""
+
     root: Path
 
     def read(self, pod: Obj) -> Scrape | None:

@@ -220,6 +220,16 @@ class OperatorProcess:
             return "(no log)"
 
 
+def publish_metrics(root: Path, namespace: str, pod: str, text: str) -> None:
+    """Write what `pod` exports where `--metrics-source dir:ROOT` reads it, in one step: a file
+    rewritten in place can be read half-written (empty, after the truncation), and an empty
+    scrape is a pod that exports no hand-off counts."""
+    path = root / namespace / f"{pod}.prom"
+    part = path.with_name(f".{path.name}.{threading.get_ident()}")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def delete_webhook_configuration(api: client.ApiClient) -> None:
     """Remove the ValidatingWebhookConfiguration a `--webhook-manage` operator kept (if any):
     it would point later tests' applies at a port nobody serves."""

@@ -24,6 +24,7 @@ from operator_harness import (
     create_pdd,
     get_pdd,
     patch_spec,
+    publish_metrics,
     ready_after,
     wait_settled,
 )
@@ -103,8 +104,7 @@ class MetricsFiles:
             for p in pods:
                 text = self.load.get((p.metadata.labels or {}).get(v.LABEL_ROLE, ""))
                 if text is not None:
-                    path = self.root / self.namespace / f"{p.metadata.name}.prom"
-                    path.write_text(text)
+                    publish_metrics(self.root, self.namespace, p.metadata.name, text)
 
 
 def autoscaled(name: str, **auto: Any) -> PDDBuilder:

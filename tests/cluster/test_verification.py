@@ -34,6 +34,7 @@ from operator_harness import (
     create_pdd,
     get_pdd,
     patch_spec,
+    publish_metrics,
     ready_after,
     wait_settled,
 )
@@ -112,7 +113,7 @@ class HandoffFiles:
                 if callable(text):
                     text = text()
                 if text is not None:
-                    (self.root / self.namespace / f"{p.metadata.name}.prom").write_text(text)
+                    publish_metrics(self.root, self.namespace, p.metadata.name, text)
 
 
 @pytest.fixture
