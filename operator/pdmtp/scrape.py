@@ -82,9 +82,12 @@ class DirectorySource:
 
     root: Path
 
+    def path_of(self, namespace: str, pod_name: str) -> Path:
+        """Where the pod's metrics are read from (and where a test writes them)."""
+        return self.root / namespace / f"{pod_name}.prom"
+
     def read(self, pod: Obj) -> Scrape | None:
-        namespace = (pod.get("metadata") or {}).get("namespace", "")
-        path = self.root / namespace / f"{name_of(pod)}.prom"
+        path = self.path_of((pod.get("metadata") or {}).get("namespace", ""), name_of(pod))
         try:
             at = path.stat().st_mtime
             text = path.read_text()

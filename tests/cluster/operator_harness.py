@@ -45,6 +45,7 @@ from pdmtp.core.rollout.planner import Policy, RevisionState
 from pdmtp.core.rollout.removal import listed_engines
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import target_and_policy
+from pdmtp.scrape import DirectorySource
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 CUSTOM = (v.GROUP, v.VERSION)
@@ -221,10 +222,9 @@ class OperatorProcess:
 
 
 def publish_metrics(root: Path, namespace: str, pod: str, text: str) -> None:
-    """Write what `pod` exports where `--metrics-source dir:ROOT` reads it, in one step: a file
-    rewritten in place can be read half-written (empty, after the truncation), and an empty
-    scrape is a pod that exports no hand-off counts."""
-    path = root / namespace / f"{pod}.prom"
+    """Write what `pod` exports where `--metrics-source dir:ROOT` reads it, whole, as
+    `DirectorySource` asks of a writer."""
+    path = DirectorySource(root).path_of(namespace, pod)
     part = path.with_name(f".{path.name}.{threading.get_ident()}")
     part.write_text(text)
     os.replace(part, path)
