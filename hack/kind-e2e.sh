@@ -48,7 +48,7 @@
 # Network rule: the test process talks to the API server on 127.0.0.1 only; requests run in pods
 # inside the nodes; CoreDNS has no upstream; containerd's registries point at a closed loopback
 # port (podman runtime), so nothing here reaches past the nodes.
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
@@ -78,7 +78,11 @@ step() {
   TIMES+=("$(printf '%4d s  %s' $((SECONDS - T0)) "$*")")
   printf '\n\033[1m==> [%d s] %s\033[0m\n' $((SECONDS - T0)) "$*"
 }
-die() { echo "error: $*" >&2; exit 1; }
+# Why the script stopped, repeated as its last line (after the diagnostics and the timeline), where
+# a CI record that keeps only the tail shows it: die's message, or the command errexit stopped on.
+STOPPED_BY=
+die() { STOPPED_BY=$*; echo "error: $*" >&2; exit 1; }
+trap 'STOPPED_BY="line $LINENO: \`$BASH_COMMAND\` exited $?"' ERR
 [[ -x $VENV/bin/python ]] || die "no $VENV; run \`make venv\`"
 PY=$VENV/bin/python
 
@@ -125,6 +129,7 @@ cleanup() {
     rm -rf "$WORK"
   fi
   printf '%s\n' "---- kind-e2e timeline ----" "${TIMES[@]}" "$(printf '%4d s  end (exit %d)' $((SECONDS - T0)) "$rc")"
+  if ((rc != 0)); then echo "kind-e2e stopped: ${STOPPED_BY:-exit $rc}"; fi
 }
 trap cleanup EXIT
 
@@ -242,17 +247,33 @@ step "kind cluster $CLUSTER ($NODE_IMAGE)"
 # The nodes' containerd takes the ~10 GB engine image (twice over: its layers and their
 # snapshot), beside podman save's staging file: a disk that fills up mid-run fails more than
 # this lane (`make test` runs the cluster tier beside it, its etcd on the same disk), so
-# stop here, saying why. KIND_E2E_MIN_FREE_GB=0 skips the check.
+# stop here, saying why. KIND_E2E_MIN_FREE_GB=0 skips the check. First the volumes a kind cluster
+# killed rather than deleted leaves behind (~8 GB seen), which nothing else uses: podman removes
+# only volumes no container holds, so a cluster that is up keeps its own.
 MIN_FREE_GB=${KIND_E2E_MIN_FREE_GB:-25}
 disks=("$WORK")
-[[ $RUNTIME != podman ]] || disks+=("$(podman info --format '{{.Store.GraphRoot}}')")
+if [[ $RUNTIME == podman ]]; then
+  disks+=("$(podman info --format '{{.Store.GraphRoot}}')")
+  podman volume prune --force >/dev/null
+fi
 for dir in "${disks[@]}"; do
   free_gb=$(($(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1048576))
+  echo "$dir: $free_gb GB free (kind e2e needs $MIN_FREE_GB GB)"
   ((free_gb >= MIN_FREE_GB)) || die "$dir has $free_gb GB free, kind e2e needs $MIN_FREE_GB GB \
-(podman volumes left by a killed kind cluster: podman volume prune; old images: podman image prune)"
+(old images: podman image prune; the Go build cache: go clean -cache)"
 done
-"$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$KIND_CONFIG" \
-  --kubeconfig "$KUBECONFIG" --wait 180s
+# A second try when the first fails: the nodes' containers boot systemd and kubeadm under
+# whatever else the machine runs, and one that misses kind's deadline fails the whole lane. The
+# first failure stays in the log.
+create_cluster() {
+  "$KIND" create cluster --name "$CLUSTER" --image "$NODE_IMAGE" --config "$KIND_CONFIG" \
+    --kubeconfig "$KUBECONFIG" --wait 180s
+}
+if ! create_cluster; then
+  echo "kind create cluster failed; deleting what it left and trying once more" >&2
+  "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  create_cluster
+fi
 mapfile -t NODES < <("$KUBECTL" get nodes -o name | sed 's|^node/||')
 mapfile -t WORKERS < <("$KUBECTL" get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's|^node/||')
 ((${#WORKERS[@]} == 3)) || die "expected three workers, found: ${WORKERS[*]}"

@@ -64,11 +64,18 @@ for i in "${!names[@]}"; do
   wait "${pids[i]}" || failed+=("${names[i]}")
 done
 # A failed lane's test failures, repeated last: what a CI record that keeps only the tail shows.
+# A lane that failed before or outside its tests (a build, a cluster that would not come up) has
+# none, so its last lines stand in for them: its own words on why it stopped.
 for i in "${!names[@]}"; do
   read -r rc _ <"$sessions/$i.done" || rc=?
   if [[ $rc != 0 ]]; then
-    echo "---- lane ${names[i]}: failed tests ----"
-    grep -E '^(FAILED|ERROR) ' "$sessions/$i.log" | cut -c1-240 | head -20
+    if grep -qE '^(FAILED|ERROR) ' "$sessions/$i.log"; then
+      echo "---- lane ${names[i]}: failed tests ----"
+      grep -E '^(FAILED|ERROR) ' "$sessions/$i.log" | cut -c1-240 | head -20
+    else
+      echo "---- lane ${names[i]}: no test failed; its last lines ----"
+      grep -v '^\s*$' "$sessions/$i.log" | tail -n 25 | cut -c1-240
+    fi
   fi
 done
 for i in "${!names[@]}"; do

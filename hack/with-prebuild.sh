@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run a command (`make test`'s tiers) with hack/prebuild.sh warming the build caches beside it,
-# niced. Its log goes to the terminal at the end (and when the command fails). No process of it
-# outlives this script.
+# niced. Its per-build times go to the terminal at the end (its whole log when a build failed).
+# No process of it outlives this script.
 #
 #   hack/with-prebuild.sh COMMAND...
 set -uo pipefail
@@ -27,8 +27,10 @@ if kill -0 "$prebuild" 2>/dev/null; then
     wait "$prebuild" 2>/dev/null
   fi
 fi
+# A line per build; the whole log only when a build failed. The tiers' own summary comes before
+# this, and a CI record that keeps only the tail must still reach it.
 echo "---- background builds (hack/prebuild.sh) ----"
-cat "$log"
+if grep -q 'FAILED' "$log"; then cat "$log"; else grep '^prebuild: ' "$log"; fi
 rm -f "$log"
 echo "---- $* : exit $rc after $((SECONDS - start)) s ----"
 exit "$rc"
