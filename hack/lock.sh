@@ -15,5 +15,7 @@ run_locked() {
   local dir="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}/locks"
   mkdir -p "$dir"
   export "$held=1"
+  # A lock held (by the background builds, niced) lifts them while this waits for it.
+  flock -n "$dir/$name.lock" true || "$(dirname "${BASH_SOURCE[0]}")/lift-prebuild.sh" "$name"
   exec flock "$dir/$name.lock" bash "$_pdmtp_locked_script" "$@"
 }

@@ -15,6 +15,8 @@ setsid nice -n 19 ionice -c 3 \
   sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; exec hack/prebuild.sh' >"$log" 2>&1 &
 prebuild=$!
 start=$SECONDS
+# A tier that waits for one of these builds lifts them to normal priority (hack/lift-prebuild.sh).
+export PDMTP_PREBUILD_PID=$prebuild
 
 "$@"
 rc=$?

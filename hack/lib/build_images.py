@@ -365,7 +365,13 @@ def _build_lock() -> Iterator[None]:
     path = cache_dir() / "images" / "build.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Held, most likely by the background builds, niced: lift them while this waits.
+            lift = REPO / "hack" / "lift-prebuild.sh"
+            subprocess.run([str(lift), "the image builds"], check=False)
+            fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
 
