@@ -248,6 +248,13 @@ REGISTRY: dict[str, Entry] = {
         "`make test` runs the tiers under hack/with-prebuild.sh, which starts it in the background",
         ("hack/with-prebuild.sh", "hack/prebuild.sh"),
     ),
+    "hack/lift-prebuild.sh": Run(
+        (
+            "tests/unit/test_ci_scripts.py::test_waiting_for_a_background_build_lifts_it_to_normal_priority",
+            "tests/unit/test_ci_scripts.py::test_a_pid_that_is_not_the_background_builds_is_left_alone",
+        ),
+        "against a niced stand-in for the background builds; in `make test`, a lock waiter runs it",
+    ),
     # ---- Install on a real cluster: 1. images
     "set -a && . ./versions.env && set +a": Run(
         (f"{EXAMPLES}::test_the_image_build_variables",),
