@@ -67,11 +67,26 @@ def test_a_canary_whose_router_fits_no_node_names_it(
             if e.involved_object.name == NAME and e.reason == "Stalled" and e.type == "Warning"
         ]
 
-    events = wait_for(stalled, "a Stalled Warning", 20, interval=0.3)
+    def names_the_new_router(events: list[client.CoreV1Event]) -> bool:
+        return any(
+            "Insufficient cpu" in e.message and f"{NAME}-{new}-router-" in e.message for e in events
+        )
+
+    # Every revision's router takes spec.router, so the old one's re-rendered pod is stuck too,
+    # and its Warning may come first: each stuck pod gets its own when it appears.
+    seen_events: list[list[client.CoreV1Event]] = [[]]
+
+    def stalled_on_the_new_router() -> list[client.CoreV1Event] | None:
+        events = seen_events[0] = stalled()
+        return events if names_the_new_router(events) else None
+
+    try:
+        events = wait_for(
+            stalled_on_the_new_router, "a Stalled Warning naming the new router", 20, interval=0.3
+        )
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; Stalled: {[e.message for e in seen_events[0]]}") from exc
     print("\n".join(f"{e.type} {e.reason} (x{e.count}): {e.message}" for e in events))
-    assert any(
-        "Insufficient cpu" in e.message and f"{NAME}-{new}-router-" in e.message for e in events
-    )
     # Posted when the stall appeared, not at every reconcile: one per router pod stuck.
     stuck_routers = {w["object"] for w in router}
     assert sum(e.count or 1 for e in events) <= len(stuck_routers) + 1, [e.message for e in events]
