@@ -15,7 +15,8 @@ run_locked() {
   local dir="${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}/locks"
   mkdir -p "$dir"
   export "$held=1"
-  # A lock held (by the background builds, niced) lifts them while this waits for it.
-  flock -n "$dir/$name.lock" true || "$(dirname "${BASH_SOURCE[0]}")/lift-prebuild.sh" "$name"
+  # A lock the background builds (niced) hold lifts them while this waits for it.
+  flock -n "$dir/$name.lock" true ||
+    "$(dirname "${BASH_SOURCE[0]}")/lift-prebuild.sh" "$dir/$name.lock" "$name" || true
   exec flock "$dir/$name.lock" bash "$_pdmtp_locked_script" "$@"
 }

@@ -33,7 +33,7 @@ fi
 # Concurrent callers (parallel make targets, two test sessions) wait for one build.
 mkdir -p "$CACHE_DIR/helm"
 exec 9>"$CACHE_DIR/helm/.lock"
-flock -n 9 || "$(dirname "$0")/../lift-prebuild.sh" helm
+flock -n 9 || "$(dirname "$0")/../lift-prebuild.sh" "$CACHE_DIR/helm/.lock" helm || true
 flock 9
 if up_to_date; then
   log "helm $VERSION built by another caller in $OUT_DIR ($KEY)"

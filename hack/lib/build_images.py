@@ -368,9 +368,9 @@ def _build_lock() -> Iterator[None]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            # Held, most likely by the background builds, niced: lift them while this waits.
+            # Held; if by the background builds (niced), lift them while this waits.
             lift = REPO / "hack" / "lift-prebuild.sh"
-            subprocess.run([str(lift), "the image builds"], check=False)
+            subprocess.run([str(lift), str(path), "the image builds"], check=False)
             fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

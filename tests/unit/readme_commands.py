@@ -250,7 +250,8 @@ REGISTRY: dict[str, Entry] = {
     ),
     "hack/lift-prebuild.sh": Run(
         (
-            "tests/unit/test_ci_scripts.py::test_waiting_for_a_background_build_lifts_it_to_normal_priority",
+            "tests/unit/test_ci_scripts.py::test_waiting_for_a_lock_the_background_builds_hold_lifts_them",
+            "tests/unit/test_ci_scripts.py::test_a_lock_another_tier_holds_lifts_nothing",
             "tests/unit/test_ci_scripts.py::test_a_pid_that_is_not_the_background_builds_is_left_alone",
         ),
         "against a niced stand-in for the background builds; in `make test`, a lock waiter runs it",

@@ -71,12 +71,13 @@ def autogroup_nice(pid: int) -> int:
 
 
 @contextmanager
-def niced_session(script: Path) -> Iterator[int]:
+def niced_session(script: Path, holding: Path | None = None) -> Iterator[int]:
     """A bash script in a session (an autogroup) of its own, niced as hack/with-prebuild.sh nices
-    the background builds; yields its PID."""
+    the background builds, holding the lock file `holding` as a build does; yields its PID."""
     if not AUTOGROUP.exists() or not os.access(AUTOGROUP, os.W_OK):
         pytest.skip("no writable autogroup here (CONFIG_SCHED_AUTOGROUP)")
-    script.write_text("echo 19 >/proc/self/autogroup && echo ready && sleep 30; true\n")
+    lock = f"exec 9>{holding} && flock 9 && " if holding else ""
+    script.write_text(f"echo 19 >/proc/self/autogroup && {lock}echo ready && sleep 30; true\n")
     proc = subprocess.Popen(["bash", str(script)], start_new_session=True, stdout=subprocess.PIPE)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
@@ -86,10 +87,10 @@ def niced_session(script: Path) -> Iterator[int]:
         proc.wait(timeout=10)
 
 
-def lift(pid: int) -> subprocess.CompletedProcess[str]:
+def lift(prebuild: int, lock: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(REPO / "hack/lift-prebuild.sh"), "cluster-bins"],
-        env={**os.environ, "PDMTP_PREBUILD_PID": str(pid)},
+        [str(REPO / "hack/lift-prebuild.sh"), str(lock), "cluster-bins"],
+        env={**os.environ, "PDMTP_PREBUILD_PID": str(prebuild)},
         capture_output=True,
         text=True,
         timeout=10,
@@ -97,16 +98,29 @@ def lift(pid: int) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_waiting_for_a_background_build_lifts_it_to_normal_priority(tmp_path: Path) -> None:
-    with niced_session(tmp_path / "prebuild.sh") as pid:
-        assert autogroup_nice(pid) == 19
-        result = lift(pid)
-        assert autogroup_nice(pid) == 0
+def test_waiting_for_a_lock_the_background_builds_hold_lifts_them(tmp_path: Path) -> None:
+    lock = tmp_path / "cluster-bins.lock"
+    with niced_session(tmp_path / "prebuild.sh", holding=lock) as prebuild:
+        assert autogroup_nice(prebuild) == 19
+        result = lift(prebuild, lock)
+        assert autogroup_nice(prebuild) == 0
         assert "waiting for cluster-bins" in result.stderr
 
 
+def test_a_lock_another_tier_holds_lifts_nothing(tmp_path: Path) -> None:
+    lock = tmp_path / "cluster-bins.lock"
+    with (
+        niced_session(tmp_path / "prebuild.sh", holding=tmp_path / "keda.lock") as prebuild,
+        niced_session(tmp_path / "tier.sh", holding=lock),
+    ):
+        result = lift(prebuild, lock)
+        assert autogroup_nice(prebuild) == 19
+        assert result.stderr == ""
+
+
 def test_a_pid_that_is_not_the_background_builds_is_left_alone(tmp_path: Path) -> None:
-    with niced_session(tmp_path / "other.sh") as pid:
-        result = lift(pid)
+    lock = tmp_path / "cluster-bins.lock"
+    with niced_session(tmp_path / "other.sh", holding=lock) as pid:
+        result = lift(pid, lock)
         assert autogroup_nice(pid) == 19
         assert result.stderr == ""
