@@ -9,6 +9,11 @@
 #                         script; a second run is a no-op
 #   the version is versions.env's HELM_VERSION
 set -euo pipefail
+# Concurrent callers (parallel make targets, two test sessions, the background builds) wait for
+# one build.
+# shellcheck source=hack/lock.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lock.sh"
+run_locked helm "$@"
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/../.."
 log() { printf '[%s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
@@ -26,17 +31,6 @@ up_to_date() { [[ "$(cat "$OUT_DIR/.stamp" 2>/dev/null)" == "$KEY" && -x $OUT_DI
 
 if up_to_date; then
   log "helm $VERSION up to date in $OUT_DIR ($KEY)"
-  echo "$OUT_DIR/helm"
-  exit 0
-fi
-
-# Concurrent callers (parallel make targets, two test sessions) wait for one build.
-mkdir -p "$CACHE_DIR/helm"
-exec 9>"$CACHE_DIR/helm/.lock"
-flock -n 9 || "$(dirname "$0")/../lift-prebuild.sh" "$CACHE_DIR/helm/.lock" helm || true
-flock 9
-if up_to_date; then
-  log "helm $VERSION built by another caller in $OUT_DIR ($KEY)"
   echo "$OUT_DIR/helm"
   exit 0
 fi
