@@ -33,7 +33,25 @@ def seeds() -> list[Doc]:
         doc = yaml.safe_load(sample.read_text())
         doc["metadata"].pop("namespace", None)
         out.append(doc)
+    autoscaled = pdd("fuzz").mtp(3, modules=3).dict()
+    # Every number field with a fractional bound (the API server truncates such a bound for an
+    # integer value, issue 52) sits under spec.autoscaling, which no sample sets.
+    autoscaled["spec"]["autoscaling"] = {
+        "prefill": {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "tolerance": 0.1,
+            "targets": [{"signal": "waitingRequestsPerPod", "value": 4}],
+        },
+        "decode": {
+            "minReplicas": 1,
+            "maxReplicas": 8,
+            "targets": [{"signal": "kvCacheUsage", "value": 0.8}],
+        },
+        "ratio": {"min": 0.25, "max": 2},
+    }
     out += [
+        autoscaled,
         pdd("fuzz").dict(),
         pdd("fuzz").mtp(3, modules=3).dict(),
         pdd("fuzz").mtp(3, modules=3).prefill(replicas=2, tp=4).decode(replicas=3, tp=2).dict(),

@@ -154,7 +154,8 @@ def _structural(schema: JsonSchema, defs: dict[str, JsonSchema], embed: bool = T
             result["enum"] = [value]
         elif key == "properties":
             result["properties"] = {
-                name: _structural(sub, defs, embed) for name, sub in value.items()
+                name: _bounded_as_doubles(name, _structural(sub, defs, embed))
+                for name, sub in value.items()
             }
         elif key == "items":
             result["items"] = _structural(value, defs, embed)
@@ -175,6 +176,33 @@ def _structural(schema: JsonSchema, defs: dict[str, JsonSchema], embed: bool = T
     ):
         result["x-kubernetes-preserve-unknown-fields"] = True
     return result
+
+
+def _bounded_as_doubles(name: str, node: JsonSchema) -> JsonSchema:
+    """A number field with a fractional bound gets the bound again as a CEL rule.
+
+    The API server checks an integer value against `minimum`/`maximum` truncated towards zero
+    (kube-openapi's `MinimumNativeType`: `int64(minimum)`), so `0` passes `minimum: 0.001` while
+    `0.0` fails it, and pydantic (`pdmtp validate`) refuses both. Truncation errs only for an
+    inclusive minimum above zero and an inclusive maximum below zero (elsewhere it rounds the
+    bound the safe way). CEL sees a number field as a double whatever its JSON form.
+    """
+    target = (node.get("items") or {}) if node.get("type") == "array" else node
+    if target.get("type") != "number":
+        return node
+    rules = []
+    for bound, op, words, sign in (
+        ("minimum", ">=", "at least", 1),
+        ("maximum", "<=", "at most", -1),
+    ):
+        limit = target.get(bound)
+        exclusive = target.get(f"exclusive{bound.capitalize()}", False)
+        if limit is None or exclusive or float(limit).is_integer() or limit * sign <= 0:
+            continue
+        rules.append({"rule": f"self {op} {limit!r}", "message": f"{name} must be {words} {limit}"})
+    if rules:
+        target[CEL_KEY] = [*target.get(CEL_KEY, []), *rules]
+    return node
 
 
 def _json_type(value: Any) -> str:
