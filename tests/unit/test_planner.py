@@ -84,6 +84,54 @@ def test_superseded_rollouts_complete_to_the_last_target(
     assert not [s for _, _, s in trace.steps if s.blocked]
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    a=targets("aaaa"),
+    b=targets("bbbb"),
+    policy=policies,
+    seed=st.integers(0, 2**32),
+    delay=st.integers(1, 8),
+    down=st.tuples(st.integers(0, 40), st.integers(0, 6)),
+)
+def test_a_drain_counts_from_when_the_router_stopped_serving_not_from_the_last_look(
+    a: Target, b: Target, policy: Policy, seed: int, delay: int, down: tuple[int, int]
+) -> None:
+    """A slow Deployment controller (after a control-plane outage) removes a router scaled to
+    zero `delay` ticks later, between two of the operator's looks, maybe while the operator is
+    down: the old revision's pods still stay drainSeconds after that (invariant 4, checked with
+    no tolerance), the drain's end read back from what the operator recorded (issue 52)."""
+    sim = SimCluster.serving("aaaa", a, router_delay=delay)
+    trace = run(
+        sim,
+        InvariantMonitor(policy),
+        b,
+        random.Random(seed),
+        max_ticks=MAX_TICKS,
+        outages=dict([down]),
+    )
+    assert trace.complete
+    assert_only(sim, "bbbb")
+
+
+def test_a_router_that_outlives_its_scale_down_delays_the_drain_by_as_much() -> None:
+    """The case of the cluster tier's outage test, step by step: the router is turned off at t,
+    its pod serves until t + 5, and the old revision's pods go at t + 5 + drainSeconds."""
+    policy = Policy(max_surge=1, max_unavailable=0, drain_seconds=4)
+    a, b = Target("aaaa", 1, 1, 1), Target("bbbb", 1, 1, 1)
+    sim = SimCluster.serving("aaaa", a, router_delay=5)
+    trace = run(sim, InvariantMonitor(policy), b, random.Random(1), max_ticks=200, ready_chance=1)
+    assert trace.complete
+    unrouted = next(t for t, _, s in trace.steps if (p := s.for_revision("aaaa")) and p.router == 0)
+    stopped = next(
+        t
+        for t, observed, _ in trace.steps
+        if any(o.revision == "aaaa" and o.draining and not o.serving for o in observed)
+    )
+    retired = next(t for t, _, s in trace.steps if (p := s.for_revision("aaaa")) and p.delete)
+    assert stopped - unrouted >= 5
+    assert retired - stopped >= policy.drain_seconds
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     a=targets("aaaa"),
@@ -164,18 +212,43 @@ def test_create_from_nothing_routes_only_once_both_roles_are_ready() -> None:
 def test_drain_holds_pods_until_the_deadline_then_retires() -> None:
     policy = Policy(1, 0, 30)
     old = RevisionState(
-        "aaaa", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(0, 0, 0), drain_until=130.0
+        "aaaa",
+        RoleState(1, 1, 1),
+        RoleState(1, 1, 1),
+        RoleState(0, 0, 0),
+        drain_until=130.0,
+        traffic_stopped=100.0,
     )
     new = RevisionState(
         "bbbb", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1), created=100.0
     )
     target = Target("bbbb", 1, 1, 1)
     early = plan([old, new], target, policy, now=129.0)
-    assert early.for_revision("aaaa") == planner.RevisionPlan("aaaa", 1, 1, 0, 130.0)
+    assert early.for_revision("aaaa") == planner.RevisionPlan("aaaa", 1, 1, 0, 130.0, 100.0)
     assert early.requeue_after == pytest.approx(1.0)
     late = plan([old, new], target, policy, now=130.0)
     retired = late.for_revision("aaaa")
     assert retired is not None and retired.delete
+
+
+def test_a_drain_whose_stop_was_never_recorded_starts_counting_when_it_is_seen() -> None:
+    """Un-routed by an operator that went away (or by a release before the stop was recorded)
+    before anyone saw the router stop serving: the drain's end may be past, yet the pods stay
+    drainSeconds from now, and the moment is recorded (rounded up, as the annotation holds whole
+    seconds)."""
+    policy = Policy(1, 0, 30)
+    old = RevisionState(
+        "aaaa", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(0, 0, 0), drain_until=130.0
+    )
+    new = RevisionState(
+        "bbbb", RoleState(1, 1, 1), RoleState(1, 1, 1), RoleState(1, 1, 1), created=100.0
+    )
+    step = plan([old, new], Target("bbbb", 1, 1, 1), policy, now=200.4)
+    assert step.for_revision("aaaa") == planner.RevisionPlan("aaaa", 1, 1, 0, 231, 201)
+    assert step.requeue_after == pytest.approx(30.6)
+    still_serving = replace(old, router=RoleState(0, 1, 1))
+    step = plan([still_serving, new], Target("bbbb", 1, 1, 1), policy, now=200.4)
+    assert step.for_revision("aaaa") == planner.RevisionPlan("aaaa", 1, 1, 0, 231, None)
 
 
 def test_a_broken_planner_is_caught_by_the_monitor(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,8 +359,12 @@ def test_pause_at_any_step_freezes_then_resume_completes(
         assert step.outcome == "Paused"
         before = {s.revision: planner.unchanged(s) for s in observed}
         for p in step.revisions:
-            # Only a drain that ran out may act: its revision retires.
-            assert p == before[p.revision] or p.delete, (p, before[p.revision])
+            # Only a drain acts: it records when its traffic stopped (its end moves with that),
+            # and its revision retires once it ran out.
+            was = before[p.revision]
+            recorded = was.traffic_stopped is None and p.traffic_stopped is not None
+            marks = {"drain_until": was.drain_until, "traffic_stopped": was.traffic_stopped}
+            assert p == was or p.delete or (recorded and replace(p, **marks) == was), (p, was)
     assert run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "bbbb")
 

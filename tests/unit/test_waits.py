@@ -222,8 +222,12 @@ def test_every_revision_and_role_is_read() -> None:
 # ---- drains, budgets, the removal gate ----------------------------------------------------------
 
 
-def deployment(name: str, role: str, drain_until: str | None = None) -> dict[str, Any]:
+def deployment(
+    name: str, role: str, drain_until: str | None = None, stopped: str | None = None
+) -> dict[str, Any]:
     notes = {v.ANNOTATION_DRAIN_UNTIL: drain_until} if drain_until else {}
+    if stopped:
+        notes[v.ANNOTATION_TRAFFIC_STOPPED] = stopped
     return {
         "kind": "Deployment",
         "metadata": {
@@ -236,7 +240,7 @@ def deployment(name: str, role: str, drain_until: str | None = None) -> dict[str
 
 
 def test_a_drain_is_named_until_it_ends() -> None:
-    running = deployment("x-old-router", "router", "2027-01-15T08:01:00Z")
+    running = deployment("x-old-router", "router", "2027-01-15T08:01:00Z", "2027-01-15T08:00:00Z")
     w = one(drain_waits([running, deployment("x-old-decode", "decode")], NOW))
     assert w == Wait(
         "Deployment/x-old-router",
@@ -247,6 +251,12 @@ def test_a_drain_is_named_until_it_ends() -> None:
         False,
     )
     assert drain_waits([running], NOW + 60) == []
+
+
+def test_a_drain_whose_router_still_serves_waits_for_it_whatever_the_time() -> None:
+    unseen = deployment("x-old-router", "router", "2027-01-15T08:01:00Z")
+    (w,) = drain_waits([unseen], NOW + 3600)
+    assert w.message == "routing stopped; the drain counts from when its router pods stop serving"
 
 
 def budget(
@@ -389,7 +399,7 @@ def test_nothing_waits_when_everything_is_ready_and_nothing_drains() -> None:
             "expectedPods": 2,
         }
     )
-    done = deployment("x-old-router", "router", "2027-01-15T07:00:00Z")
+    done = deployment("x-old-router", "router", "2027-01-15T07:00:00Z", "2027-01-15T06:59:00Z")
     assert waits(ready, [done, deployment("x-old-decode", "decode")], [healthy], NOW) == ()
 
 

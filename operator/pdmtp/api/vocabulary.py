@@ -49,7 +49,11 @@ ANNOTATION_ROLE_HASH: Final = f"{GROUP}/role-hash"
 ANNOTATION_BOOTSTRAP_PORT: Final = f"{GROUP}/bootstrap-port"
 """The Mooncake bootstrap port of a prefill pod, read by the router's service discovery."""
 ANNOTATION_DRAIN_UNTIL: Final = f"{GROUP}/drain-until"
-"""RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds)."""
+"""RFC 3339 time until which a revision that lost traffic keeps its pods (drainSeconds); set when
+its router is turned off, and moved while a router pod still serves."""
+ANNOTATION_TRAFFIC_STOPPED: Final = f"{GROUP}/traffic-stopped"
+"""RFC 3339 time the operator first saw no router pod of a draining revision serve: its drain ends
+no earlier than this plus drainSeconds, across operator restarts and control-plane outages."""
 ANNOTATION_ROUTER_PARKED: Final = f"{GROUP}/router-parked"
 """On a router Deployment held at zero because its revision has no ready prefill or no ready
 decode to list (e.g. its last group broke): the replicas the planner asked for. The revision took

@@ -227,14 +227,19 @@ def pod_waits(pods: Iterable[Obj]) -> list[Wait]:
 
 
 def drain_waits(deployments: Iterable[Obj], now: float) -> list[Wait]:
-    """Router Deployments whose revision drains (traffic off) until a time still to come."""
+    """Router Deployments whose revision drains (traffic off) until a time still to come, or
+    whose router pods have not been seen to stop serving yet (the drain counts from then)."""
     out = []
     for d in deployments:
         if labels_of(d).get(v.LABEL_ROLE) != "router" or is_terminating(d):
             continue
-        until = annotations_of(d).get(v.ANNOTATION_DRAIN_UNTIL)
+        marks = annotations_of(d)
+        until = marks.get(v.ANNOTATION_DRAIN_UNTIL)
         end = parse_time(until)
-        if until and end is not None and end > now:
+        if until and v.ANNOTATION_TRAFFIC_STOPPED not in marks:
+            text = "routing stopped; the drain counts from when its router pods stop serving"
+            out.append(as_wait(d, "Deployment", "Draining", text, False))
+        elif until and end is not None and end > now:
             text = f"traffic stopped; the revision's pods drain until {until}"
             out.append(as_wait(d, "Deployment", "Draining", text, False))
     return out

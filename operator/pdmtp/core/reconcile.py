@@ -575,8 +575,10 @@ def _budgets_and_router(
         bootstrap_port=eff.shared.kv_transfer.bootstrap_port,
         leaving=removal.leaving,
     )
-    drain = None if p.drain_until is None else format_time(p.drain_until)
-    router = router_deployment(ctx.pdd, eff, p.revision, p.router, membership, drain)
+    drain, stopped = (
+        None if t is None else format_time(t) for t in (p.drain_until, p.traffic_stopped)
+    )
+    router = router_deployment(ctx.pdd, eff, p.revision, p.router, membership, drain, stopped)
     if change := apply_if_drifted(router, ctx.existing):
         actions.append(change)
     return actions

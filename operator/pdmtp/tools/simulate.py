@@ -53,6 +53,8 @@ class SimWorkload:
     pods: list[SimPod] = field(default_factory=list)
     lists: frozenset[str] = frozenset()
     """A router workload's template: the engines its new pods list."""
+    zeroed_at: float | None = None
+    """When a router workload was scaled to zero (a slow Deployment controller acts later)."""
 
     def active(self) -> list[SimPod]:
         return [p for p in self.pods if p.terminating_for is None]
@@ -93,6 +95,7 @@ class SimRevision:
         default_factory=lambda: {r: SimWorkload() for r in ROLES}
     )
     drain_until: float | None = None
+    traffic_stopped: float | None = None
     deleted: bool = False
 
     def observe(self) -> RevisionState:
@@ -104,6 +107,7 @@ class SimRevision:
             w["decode"].observe(routed, steady),
             w["router"].observe(),
             None if self.deleted else self.drain_until,
+            None if self.deleted else self.traffic_stopped,
             self.created,
         )
 
@@ -116,7 +120,10 @@ class SimCluster:
     config or crash-loops). With `controller_lag` the operator's own write wakes it again before
     the Deployment controller acts on that write (`run` plans twice per tick): it observes the
     new replicas next to the old pods, such as a router Deployment at zero whose pod is still
-    Ready.
+    Ready. With `router_delay` the Deployment controller removes the pods of a router scaled to
+    zero only that many ticks later, on its own time, whether or not the operator looks (after a
+    control-plane outage its caches take a while to catch up): the router pod stops serving
+    between two of the operator's observations.
     """
 
     def __init__(
@@ -125,8 +132,10 @@ class SimCluster:
         capacity: dict[str, int] | None = None,
         failing: set[str] | None = None,
         controller_lag: bool = False,
+        router_delay: int = 0,
     ) -> None:
         self.now = 0.0
+        self.router_delay = router_delay
         self.revisions: dict[str, SimRevision] = {}
         self.terminate_ticks = terminate_ticks
         self.capacity = capacity or {}
@@ -141,9 +150,15 @@ class SimCluster:
         capacity: dict[str, int] | None = None,
         failing: set[str] | None = None,
         controller_lag: bool = False,
+        router_delay: int = 0,
     ) -> SimCluster:
         """A cluster where `revision` already runs at `target`, all ready and routed."""
-        sim = cls(capacity=capacity, failing=failing, controller_lag=controller_lag)
+        sim = cls(
+            capacity=capacity,
+            failing=failing,
+            controller_lag=controller_lag,
+            router_delay=router_delay,
+        )
         rev = SimRevision(revision, created=-1.0)
         counts = {"prefill": target.prefill, "decode": target.decode, "router": target.router}
         for role, n in counts.items():
@@ -229,8 +244,12 @@ class SimCluster:
                 rev = self.revisions[p.revision] = SimRevision(p.revision, created=self.now)
             wanted = {"prefill": p.prefill, "decode": p.decode, "router": p.router}
             for role, workload in rev.workloads.items():
-                workload.replicas = 0 if p.delete else wanted[role]
+                replicas = 0 if p.delete else wanted[role]
+                if replicas == 0 and workload.replicas > 0:
+                    workload.zeroed_at = self.now
+                workload.replicas = replicas
             rev.drain_until = p.drain_until
+            rev.traffic_stopped = p.traffic_stopped
             rev.deleted = p.delete
             rev.workloads["router"].lists = self.membership(rev, frozenset())
         if controllers:
@@ -260,8 +279,10 @@ class SimCluster:
         goes while the others keep `replicas` ready; new pods come up to one beyond the
         replicas."""
         if workload.replicas == 0:
-            for pod in workload.active():
-                self._terminate(pod)
+            since = workload.zeroed_at if workload.zeroed_at is not None else self.now
+            if self.now - since >= self.router_delay:
+                for pod in workload.active():
+                    self._terminate(pod)
             return
         ready = sum(p.ready for p in workload.active())
         for pod in sorted(workload.active(), key=lambda p: p.ready):
@@ -294,8 +315,13 @@ class SimCluster:
                     pod.scheduled, room = True, room - 1
 
     def advance(self, rng: random.Random, ready_chance: float = 0.5) -> None:
-        """One second passes: some pods become ready, terminating pods count down."""
+        """One second passes: some pods become ready, terminating pods count down, and a slow
+        Deployment controller removes the pods of routers scaled to zero long enough ago."""
         self.now += 1.0
+        if self.router_delay:
+            for rev in self.revisions.values():
+                if rev.workloads["router"].replicas == 0:
+                    self._roll_router(rev.workloads["router"])
         self.schedule()
         for rev in self.revisions.values():
             for role, workload in rev.workloads.items():

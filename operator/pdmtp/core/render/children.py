@@ -306,6 +306,7 @@ def router_deployment(
     replicas: int,
     membership: Membership | None,
     drain_until: str | None = None,
+    traffic_stopped: str | None = None,
 ) -> Manifest:
     """The router Deployment of one revision; its args list exactly that revision's engines.
 
@@ -370,6 +371,8 @@ def router_deployment(
     marks: dict[str, str] = {}
     if drain_until is not None:
         marks[v.ANNOTATION_DRAIN_UNTIL] = drain_until
+    if traffic_stopped is not None:
+        marks[v.ANNOTATION_TRAFFIC_STOPPED] = traffic_stopped
     if parked:
         # The planner's intent outlives the wait, so the planner never mistakes a revision that
         # served for one that never took traffic (which it retires at once, with no drain).

@@ -27,7 +27,7 @@ The invariants it keeps (docs/design.md, "Rollout invariants"):
    `RevisionState.reachable` revision) stay >= target - maxUnavailable, and all pods
    (terminating ones included) stay <= target + maxSurge;
 4. an old revision loses its router before its last prefill or decode pod, and its pods stay
-   for drainSeconds after that;
+   for drainSeconds after its last router pod stops serving (`_drain`);
 5. when superseded (A -> B -> C), the newest old revision (B) is drained first and the oldest
    (A, the most established) keeps serving longest;
 7. with no target revision (an incompatible spec) nothing changes.
@@ -143,7 +143,10 @@ class RevisionState:
     decode: RoleState = RoleState()
     router: RoleState = RoleState()
     drain_until: float | None = None
-    """Set when the router was turned off: pods stay until then (epoch seconds)."""
+    """Set when the router was turned off: pods stay at least until then (epoch seconds)."""
+    traffic_stopped: float | None = None
+    """When the operator first saw no router pod of a draining revision serve (epoch seconds,
+    rounded up): the drain ends no earlier than this plus drainSeconds (`_drain`)."""
     created: float = 0.0
     router_parked: bool = False
     """The router Deployment is held at zero replicas for want of a routable membership
@@ -212,10 +215,17 @@ class RevisionPlan:
     decode: int
     router: int
     drain_until: float | None = None
+    traffic_stopped: float | None = None
     delete: bool = False
 
     def replicas(self, role: EngineRole) -> int:
         return by_role(role, self.prefill, self.decode)
+
+    @property
+    def drain_ends(self) -> float | None:
+        """When the drain can end, once its traffic is known to have stopped (None: no drain,
+        or its router still serves)."""
+        return None if self.traffic_stopped is None else self.drain_until
 
 
 @dataclass(frozen=True)
@@ -248,6 +258,7 @@ def unchanged(state: RevisionState) -> RevisionPlan:
         state.decode.replicas,
         state.router.replicas,
         state.drain_until,
+        state.traffic_stopped,
     )
 
 
@@ -313,7 +324,7 @@ def plan(observed: Sequence[RevisionState], target: Target, policy: Policy, now:
             "the spec is incompatible: no new revision starts",
         )
     if policy.paused:
-        return _paused(observed, target, now)
+        return _paused(observed, target, policy, now)
 
     update = next((s for s in observed if s.revision == target.revision), None)
     if update is None:
@@ -352,17 +363,38 @@ def _hold(olds: Sequence[RevisionState], target: Target, policy: Policy) -> _Hol
     return _Hold(anchor.revision, share, keep, theirs, mine)
 
 
-def _paused(observed: Sequence[RevisionState], target: Target, now: float) -> Step:
-    """Frozen: every revision as it is, but a drain that already ran out retires."""
-    plans = []
-    for s in observed:
-        keep = unchanged(s)
-        if s.revision != target.revision and s.draining and not s.serving:
-            assert s.drain_until is not None
-            if now >= s.drain_until and s.router.pods == 0:
-                keep = replace(keep, router=0, delete=True)
-        plans.append(keep)
+def _paused(observed: Sequence[RevisionState], target: Target, policy: Policy, now: float) -> Step:
+    """Frozen: every revision as it is, but a drain goes on and one that ran out retires."""
+    plans = [
+        _drain(s, policy, now) if s.revision != target.revision and s.draining else unchanged(s)
+        for s in observed
+    ]
     return Step(tuple(plans), "Paused", "spec.rollout.paused is set")
+
+
+def _drain(old: RevisionState, policy: Policy, now: float) -> RevisionPlan:
+    """A draining revision's plan (invariant 4): its pods stay drainSeconds after its traffic
+    stopped, counted from what is recorded in the API, never from the operator's memory.
+
+    While a router pod still serves (the Deployment controller has not removed it yet, which
+    after a control-plane outage can take seconds or minutes) the drain's end moves with the
+    clock. The first time the operator sees none serve, it records that moment (rounded up to
+    the second the annotation holds) and moves the end to it plus drainSeconds: the traffic
+    stopped before it was seen, so the drain is never shorter, and an operator that was down
+    or restarted meanwhile records it late (a longer drain), never early. Times are rounded up
+    because the annotations hold whole seconds.
+    """
+    assert old.drain_until is not None
+    keep = replace(unchanged(old), router=0)
+    if old.serving:
+        return replace(
+            keep, drain_until=max(old.drain_until, math.ceil(now + policy.drain_seconds))
+        )
+    if old.traffic_stopped is None:
+        stopped = math.ceil(now)
+        end = max(old.drain_until, stopped + policy.drain_seconds)
+        return replace(keep, drain_until=end, traffic_stopped=stopped)
+    return replace(keep, delete=now >= old.drain_until and old.router.pods == 0)
 
 
 def _plan(
@@ -416,7 +448,9 @@ def _plan(
         # has lost its own (invariant 5).
         may_unroute = may_unroute and not (old_plan.router > 0)
         if old_plan.drain_until is not None and not old_plan.delete:
-            wait = max(old_plan.drain_until - now, 0.0)
+            # A drain whose router still serves ends no earlier than drainSeconds from now.
+            end = old_plan.drain_ends or now + policy.drain_seconds
+            wait = max(end - now, 0.0)
             requeue = wait if requeue is None else min(requeue, wait)
 
     # 3. Unwedge a superseded roll.
@@ -439,6 +473,7 @@ def _plan(
         update_replicas["decode"],
         (target.router if hold is None else hold.canary_routers) if pairable else 0,
         drain_until=draining,
+        traffic_stopped=None if draining is None else update.traffic_stopped,
     )
     plans = (*old_plans, update_plan)
 
@@ -532,15 +567,8 @@ def _step_old(
     anchor) is what it keeps serving with: never un-routed, never below it."""
     keep = unchanged(old)
     if old.draining:
-        # Invariant 4: pods stay until the drain ends and the router's pods are gone. The drain
-        # counts from when traffic really stopped: while a router pod is still ready (the
-        # Deployment controller has not removed it yet), the deadline moves with the clock.
-        assert old.drain_until is not None
-        if old.serving:
-            drain = max(old.drain_until, now + policy.drain_seconds)
-            return replace(keep, router=0, drain_until=drain), available
-        retire = now >= old.drain_until and old.router.pods == 0
-        return replace(keep, router=0, delete=retire), available
+        # Invariant 4: pods stay until the drain ends and the router's pods are gone.
+        return _drain(old, policy, now), available
     if not old.routed:
         # Never took traffic: nothing to drain, retire at once.
         return replace(keep, prefill=0, decode=0, router=0, delete=True), available
@@ -549,7 +577,8 @@ def _step_old(
     if least is None and may_unroute and all(without[r] >= floor[r] for r in ENGINE_ROLES):
         # Everything else carries the floor: stop routing here and start the drain. Its pods
         # are left alone in this step; they go when the drain ends.
-        return replace(keep, router=0, drain_until=now + policy.drain_seconds), without
+        drain = math.ceil(now + policy.drain_seconds)
+        return replace(keep, router=0, drain_until=drain), without
 
     left = dict(available)
     replicas: dict[EngineRole, int] = {}

@@ -106,7 +106,7 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
             if (rev, r) in by_workload
         ]
         router = by_workload.get((rev, "router"))
-        drain = parse_time(annotations_of(router).get(v.ANNOTATION_DRAIN_UNTIL)) if router else None
+        marks = annotations_of(router) if router else {}
         listings = ready_listings(pods_of.get((rev, "router"), []))
         routed = frozenset[str]().union(*listings)
         steady = _steady_urls(router, listings)
@@ -125,7 +125,8 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
                 prefill=roles["prefill"],
                 decode=roles["decode"],
                 router=roles["router"],
-                drain_until=drain,
+                drain_until=parse_time(marks.get(v.ANNOTATION_DRAIN_UNTIL)),
+                traffic_stopped=parse_time(marks.get(v.ANNOTATION_TRAFFIC_STOPPED)),
                 created=min((c for c in created if c is not None), default=float("inf")),
                 router_parked=router is not None and _parked(router),
             )

@@ -103,8 +103,9 @@ def revision_events(
                 Event(
                     "Normal",
                     reasons.TRAFFIC_STOPPED,
-                    f"Stopped routing to revision {p.revision}; its pods drain "
-                    f"until {format_time(p.drain_until)}",
+                    f"Stopped routing to revision {p.revision}; its pods drain until "
+                    f"{format_time(p.drain_until)} at the earliest (drainSeconds from when its "
+                    "last router pod stops serving)",
                 )
             )
     return events
