@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from builders import pdd
 from cluster.kubehelpers import Cluster, install_crd, pod_ready, wait_for
@@ -42,6 +43,8 @@ reflector's longest pause between listings (8 s, plus a quarter of jitter) and a
 CRD_DELAYS = (1.0, 4.0, 8.0, 12.0)
 """Seconds between the operator's start and the CRD's creation."""
 OUTAGE_SECONDS = 10.0
+DRAIN = 10
+"""drainSeconds of the late-router test."""
 READY_MS = 4000
 """Engine pods turn Ready this long after they start: the outage lands while the surge waits."""
 
@@ -213,6 +216,72 @@ def test_control_plane_killed_mid_rollout_while_the_operator_restarts(
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
     assert obj["status"]["currentRevision"] == new_rev
     assert op.starts == 2
+
+
+def test_a_router_removed_late_still_leaves_its_revision_the_whole_drain(
+    local: Cluster, namespace: str, crd: None, tmp_path: Path
+) -> None:
+    """The Deployment controller removes the old revision's router pod seconds after the operator
+    scaled it to zero (kube-controller-manager frozen, as its caches are after an outage): the
+    old revision's pods still stay drainSeconds after that pod stopped serving (invariant 4),
+    counted from the traffic-stopped time the operator records on the router Deployment."""
+    assert local.local is not None
+    api = local.api_client
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    op = OperatorProcess(local.kubeconfig, [namespace], tmp_path / "operator.log")
+    op.start()
+    b = ready_after(pdd("late").mtp(3, modules=3).rollout(drainSeconds=DRAIN), ms=500)
+    create_pdd(api, namespace, b.dict())
+    old = wait_settled(api, namespace, "late")["status"]["currentRevision"]
+    watcher = RolloutWatcher.watching(api, namespace, "late", b)
+    b.mtp(2, modules=3)
+    new_rev = compat_revision(b.build().spec)
+    watcher.expect(b.build().spec)
+    patch_spec(api, namespace, "late", b.dict()["spec"])
+    manager = psutil.Process(local.local.running_pids()["kube-controller-manager"])
+    router = f"late-{old}-router"
+
+    def new_router_ready() -> bool:
+        selector = f"{v.LABEL_NAME}=late,{v.LABEL_REVISION}={new_rev},{v.LABEL_ROLE}=router"
+        return any(
+            pod_ready(p) for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+        )
+
+    timeline: list[str] = []
+    try:
+        wait_for(new_router_ready, "the new revision's router Ready", 90, interval=0.05)
+        # The operator un-routes the old revision next: nothing will remove its router pod.
+        manager.suspend()
+        frozen = time.time()
+        wait_for(
+            lambda: apps.read_namespaced_deployment(router, namespace).spec.replicas == 0,
+            "the old router scaled to zero",
+            30,
+            interval=0.05,
+        )
+        # The router pod serves on for longer than a drain: an operator that counted the drain
+        # from its last look at a serving router (it looks again every drain or so) would end it
+        # up to a whole drain early.
+        time.sleep(1.5 * DRAIN)
+        selector = f"{v.LABEL_NAME}=late,{v.LABEL_REVISION}={old},{v.LABEL_ROLE}=router"
+        assert any(
+            pod_ready(p) for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+        )
+        marks = apps.read_namespaced_deployment(router, namespace).metadata.annotations or {}
+        timeline.append(f"{time.time() - frozen:.1f}s frozen: router marks {marks}")
+        assert v.ANNOTATION_TRAFFIC_STOPPED not in marks, marks
+    finally:
+        manager.resume()
+    resumed = time.time()
+    obj = wait_settled(api, namespace, "late", timeout=120)
+    watcher.stop()
+    op.stop()
+    if watcher.violations:
+        print("---- timeline ----\n" + "\n".join(timeline))
+        print("---- operator log ----\n" + op.log_tail(80))
+    assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+    assert obj["status"]["currentRevision"] == new_rev
+    print(f"controller manager frozen {resumed - frozen:.1f} s; {timeline}")
 
 
 @pytest.mark.parametrize("delay", [2.0, 8.0])
