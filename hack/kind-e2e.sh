@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end on kind (`make kind-e2e`, part of `make test`): real pods on real nodes.
 #
-#   1. images: operator, router and engine (hack/lib/build_images.py), the engine emulator
-#      (images/engine-emulator) and the engine image plus a test checkpoint
-#      (tests/e2e/engine-checkpoint); the kind node image (hack/kind/build-node-image.sh); the
+#   1. images: operator and router (hack/lib/build_images.py), the engine emulator
+#      (images/engine-emulator); the kind node image (hack/kind/build-node-image.sh); the
 #      previous release's operator image, built from its tree (versions.env PREVIOUS_RELEASE*,
 #      `git archive` into ~/.cache/pdmtp/previous/<commit>/) for tests/e2e/test_upgrade.py,
 #      helm (hack/helm/build.sh) and, for tests/e2e/test_alerts.py, prometheus
@@ -15,17 +14,17 @@
 #      (hack/kind/network-policies.yaml, image from hack/kind/build-network-policies.sh; kindnet
 #      enforces on its own); fake `nvidia.com/gpu` capacity on the workers, so engine pods
 #      schedule there and really run.
-#   3. the images loaded into the workers; the ~10 GB engine image, in the background, into the
-#      first worker only (labelled ENGINE_NODE_LABEL; the one test that runs it selects that
-#      node); pdmtp installed with `kubectl apply --server-side -k deploy/` through an overlay
-#      that only points it at the local image.
+#   3. the images loaded into the workers; pdmtp installed with `kubectl apply --server-side -k
+#      deploy/` through an overlay that only points it at the local image. The ~10 GB engine image
+#      is not loaded: the images tier runs it as its pod would (its launcher's refusal included),
+#      and here the emulator refuses as the launcher does (PDMTP_EMULATOR_REFUSE).
 #   4. the cluster tier's API-level tests (KIND_CLUSTER_TESTS) against the same API server: the
 #      real nodes tainted, KWOK (host process, hack/kwok/ stages) driving fake GPU nodes; then
 #      back to the real nodes.
 #   5. tests/e2e (PDMTP_CLUSTER=kind): the install; the NetworkPolicy enforced (who reaches which
 #      engine port, a paired rollout under it, a control run without it); one PDDeployment
-#      through Available, a paired MTP rollout under a bounded request loop, the real engine
-#      refusing a mismatched lookahead, and deletion; multi-node decode groups gang-scheduled
+#      through Available, a paired MTP rollout under a bounded request loop, engines refusing
+#      their config as the launcher does (rolled back), and deletion; multi-node decode groups gang-scheduled
 #      across the workers, rolled, broken and scaled under load; a worker drained and one lost
 #      (its container frozen) under load; the leading operator deleted and frozen mid-rollout
 #      under load (its standby takes over).
@@ -101,19 +100,12 @@ PDMTP_VERSION=$("$PY" -c 'import tomllib; print(tomllib.load(open("pyproject.tom
 WORK=$(mktemp -d)
 export KUBECONFIG=$WORK/kubeconfig
 KWOK_PID=
-ENGINE_LOAD_PID=
 CLUSTER_TIER_RC=0
 cleanup() {
   local rc=$?
   # `|| true`: errexit holds in this trap too, and a process already gone must not end it before
   # the cluster is deleted.
   if [[ -n $KWOK_PID ]]; then kill "$KWOK_PID" 2>/dev/null || true; wait "$KWOK_PID" 2>/dev/null || true; fi
-  # The background image load: its podman save and exec, then the subshell itself (which may
-  # already have ended with them).
-  if [[ -n $ENGINE_LOAD_PID ]]; then
-    pkill -P "$ENGINE_LOAD_PID" 2>/dev/null || true
-    kill "$ENGINE_LOAD_PID" 2>/dev/null || true
-  fi
   rm -rf "$WORK/podman-tmp"
   if ((rc != 0)) && [[ -s $KUBECONFIG ]]; then
     echo "---- diagnostics (exit $rc) ----" >&2
@@ -158,7 +150,7 @@ HELM=$(hack/helm/build.sh)
 PROMETHEUS_DIR=$(hack/prometheus/build.sh)
 
 # ---- images -------------------------------------------------------------------------------------
-CHECKPOINT_MODEL=/opt/pdmtp-e2e/tiny-mtp1   # tests/e2e/engine-checkpoint/Containerfile
+EMULATED_MODEL=pdmtp-e2e/emulated-mtp   # the emulator loads nothing; a name for the specs
 inputs_of() { # a hash of files and extra words, for image cache labels
   local extra=$1
   shift
@@ -170,12 +162,11 @@ if [[ $RUNTIME == podman ]]; then
   # shellcheck source=hack/podman-env.sh
   source hack/podman-env.sh
   export KIND_EXPERIMENTAL_PROVIDER=podman
-  step "Images: hack/lib/build_images.py (operator, router, engine and their local bases)"
-  python3 hack/lib/build_images.py build base-python operator router engine
+  step "Images: hack/lib/build_images.py (operator, router and their local base)"
+  python3 hack/lib/build_images.py build base-python operator router
   name_of() { python3 hack/lib/build_images.py names | sed -n "s/^$1=//p"; }
   OPERATOR_IMAGE=${KIND_E2E_OPERATOR_IMAGE:-$(name_of operator)}
   ROUTER_IMAGE=$(name_of router)
-  ENGINE_IMAGE=$(name_of engine)
   BASE_PYTHON=$(name_of base-python)
   step "Images: the previous release's operator, from its tree (build_images.py build-tree)"
   PREV_OPERATOR_IMAGE=$(python3 hack/lib/build_images.py build-tree "$PREV_TREE" --revision "${PREV_COMMIT:0:7}")
@@ -195,12 +186,9 @@ if [[ $RUNTIME == podman ]]; then
       --build-arg "$arg" -f "$file" -t "$image" "$context"
   }
   EMULATOR_IMAGE=localhost/pdmtp-engine-emulator:$PDMTP_VERSION
-  CHECKPOINT_IMAGE=localhost/pdmtp-engine-e2e:$VLLM_VERSION
-  step "Images: $EMULATOR_IMAGE, $CHECKPOINT_IMAGE"
+  step "Images: $EMULATOR_IMAGE"
   local_build "$EMULATOR_IMAGE" images/engine-emulator images/engine-emulator/Dockerfile \
     "PYTHON_IMAGE=$BASE_PYTHON"
-  local_build "$CHECKPOINT_IMAGE" tests/e2e/engine-checkpoint \
-    tests/e2e/engine-checkpoint/Containerfile "ENGINE_IMAGE=$ENGINE_IMAGE"
 
   step "Node image (hack/kind/build-node-image.sh), kube-network-policies (hack/kind/build-network-policies.sh)"
   NODE_IMAGE=$(hack/kind/build-node-image.sh)
@@ -215,9 +203,7 @@ elif [[ $RUNTIME == docker ]]; then
   TAG=e2e-$(git rev-parse --short HEAD)
   OPERATOR_IMAGE=pdmtp-operator:$TAG
   ROUTER_IMAGE=pdmtp-router:$VLLM_ROUTER_VERSION
-  ENGINE_IMAGE=pdmtp-engine:$VLLM_VERSION
   EMULATOR_IMAGE=pdmtp-engine-emulator:$TAG
-  CHECKPOINT_IMAGE=pdmtp-engine-e2e:$TAG
   step "Images (docker build, the Dockerfiles' upstream bases)"
   export DOCKER_BUILDKIT=1 # images/operator/Dockerfile uses RUN --mount
   docker build -f images/operator/Dockerfile --build-arg "PDMTP_VERSION=$PDMTP_VERSION" -t "$OPERATOR_IMAGE" .
@@ -225,11 +211,7 @@ elif [[ $RUNTIME == docker ]]; then
   docker build -f "$PREV_TREE/images/operator/Dockerfile" --build-arg "PDMTP_VERSION=$PREV_VERSION" \
     -t "$PREV_OPERATOR_IMAGE" "$PREV_TREE"
   docker build --platform linux/amd64 -t "$ROUTER_IMAGE" images/router
-  docker build --build-arg "VLLM_VERSION=$VLLM_VERSION" --build-arg "MOONCAKE_VERSION=$MOONCAKE_VERSION" \
-    -t "$ENGINE_IMAGE" images/engine
   docker build -t "$EMULATOR_IMAGE" images/engine-emulator
-  docker build --build-arg "ENGINE_IMAGE=$ENGINE_IMAGE" -t "$CHECKPOINT_IMAGE" \
-    -f tests/e2e/engine-checkpoint/Containerfile tests/e2e/engine-checkpoint
   # The published node image for kind v0.33, by digest. It is Kubernetes 1.36 (kind v0.33
   # publishes no image of the pinned 1.37): hack/kind/cluster-docker.yaml turns on 1.36's
   # Workload API (v1alpha2), which the operator serves as it serves 1.37's v1beta1.
@@ -244,13 +226,14 @@ fi
 # ---- cluster ------------------------------------------------------------------------------------
 step "kind cluster $CLUSTER ($NODE_IMAGE)"
 "$KIND" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
-# The nodes' containerd takes the ~10 GB engine image (twice over: its layers and their
-# snapshot), beside podman save's staging file: a disk that fills up mid-run fails more than
-# this lane (`make test` runs the cluster tier beside it, its etcd on the same disk), so
-# stop here, saying why. KIND_E2E_MIN_FREE_GB=0 skips the check. First the volumes a kind cluster
-# killed rather than deleted leaves behind (~8 GB seen), which nothing else uses: podman removes
-# only volumes no container holds, so a cluster that is up keeps its own.
-MIN_FREE_GB=${KIND_E2E_MIN_FREE_GB:-25}
+# Four node containers, each a copy-on-write of the node image, and the images loaded into the
+# workers' containerd (each, twice over: its layers and their snapshot), beside podman save's
+# staging file: a disk that fills up mid-run fails more than this lane (`make test` runs the
+# cluster tier beside it, its etcd on the same disk), so stop here, saying why.
+# KIND_E2E_MIN_FREE_GB=0 skips the check. First the volumes a kind cluster killed rather than
+# deleted leaves behind (~8 GB seen), which nothing else uses: podman removes only volumes no
+# container holds, so a cluster that is up keeps its own.
+MIN_FREE_GB=${KIND_E2E_MIN_FREE_GB:-10}
 disks=("$WORK")
 if [[ $RUNTIME == podman ]]; then
   disks+=("$(podman info --format '{{.Store.GraphRoot}}')")
@@ -277,8 +260,6 @@ fi
 mapfile -t NODES < <("$KUBECTL" get nodes -o name | sed 's|^node/||')
 mapfile -t WORKERS < <("$KUBECTL" get nodes -l '!node-role.kubernetes.io/control-plane' -o name | sed 's|^node/||')
 ((${#WORKERS[@]} == 3)) || die "expected three workers, found: ${WORKERS[*]}"
-ENGINE_NODE=${WORKERS[0]}
-ENGINE_NODE_LABEL=pdmtp.io/e2e-engine-image
 if [[ $RUNTIME == podman ]]; then
   hack/kind/pod-network.sh "$KUBECTL"
   "$KUBECTL" apply -f hack/kind/coredns.yaml
@@ -328,12 +309,6 @@ if [[ -n $NETPOL_IMAGE ]]; then
     "$KUBECTL" apply -f -
   "$KUBECTL" -n kube-system rollout status daemonset/kube-network-policies --timeout=120s
 fi
-# The engine image is ~10 GB: it loads in the background while the cluster tier runs (which
-# never starts it), into one worker only; tests/e2e waits for it, and selects that node for it.
-step "Load $CHECKPOINT_IMAGE into $ENGINE_NODE (background)"
-load_image "$CHECKPOINT_IMAGE" "$ENGINE_NODE" >"$WORK/engine-load.log" 2>&1 &
-ENGINE_LOAD_PID=$!
-"$KUBECTL" label node "$ENGINE_NODE" "$ENGINE_NODE_LABEL=loaded" --overwrite
 
 # ---- pdmtp as users install it -----------------------------------------------------------------
 overlay=$WORK/overlay
@@ -432,8 +407,7 @@ for node in "${WORKERS[@]}"; do
     -p '[{"op":"add","path":"/status/capacity/nvidia.com~1gpu","value":"16"}]'
 done
 export PDMTP_E2E_EMULATOR_IMAGE=$EMULATOR_IMAGE PDMTP_E2E_ROUTER_IMAGE=$ROUTER_IMAGE
-export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_IMAGE=$CHECKPOINT_IMAGE
-export PDMTP_E2E_ENGINE_MODEL=$CHECKPOINT_MODEL PDMTP_E2E_ENGINE_NODE_LABEL=$ENGINE_NODE_LABEL
+export PDMTP_E2E_OPERATOR_IMAGE=$OPERATOR_IMAGE PDMTP_E2E_ENGINE_MODEL=$EMULATED_MODEL
 export PDMTP_E2E_RESULT=${PDMTP_E2E_RESULT:-$WORK/rollout.json}
 # tests/e2e/test_operator_failover.py freezes an operator container through its node's runtime.
 export PDMTP_E2E_NODE_RUNTIME=$RUNTIME
@@ -446,40 +420,15 @@ export PDMTP_E2E_UPGRADE_RESULT=${PDMTP_E2E_UPGRADE_RESULT:-$WORK/upgrade.json}
 # tests/e2e/test_alerts.py runs this prometheus on the host against the chart's rules.
 export PDMTP_PROMETHEUS_DIR=$PROMETHEUS_DIR
 export -p | grep -E ' (KUBECONFIG|PDMTP_[A-Z0-9_]+)=' >"$WORK/e2e.env"
-wait_engine_image() {
-  step "Wait for the engine image to be loaded"
-  wait "$ENGINE_LOAD_PID" || { cat "$WORK/engine-load.log" >&2; die "loading $CHECKPOINT_IMAGE failed"; }
-  ENGINE_LOAD_PID=
-}
 E2E_RC=0
-# Only tests/e2e/test_pd_lifecycle.py runs the engine image (its refusal test): the rest runs
-# while the image is still loading into the node (several minutes), that file after it.
-NEEDS_ENGINE=tests/e2e/test_pd_lifecycle.py
-if ((${#PYTEST_ARGS[@]} == 0)); then
-  step "tests/e2e against kind (all but $NEEDS_ENGINE, the engine image still loading)"
-  "$PY" -m pytest tests/e2e -q -p no:cacheprovider -rA --durations=12 --ignore "$NEEDS_ENGINE" \
-    --basetemp "$WORK/pytest-e2e" || E2E_RC=$?
-  wait_engine_image
-  step "tests/e2e against kind: $NEEDS_ENGINE"
-  "$PY" -m pytest "$NEEDS_ENGINE" -q -p no:cacheprovider -rA --durations=12 \
-    --basetemp "$WORK/pytest-engine" || E2E_RC=$?
-else
-  # Only a run that may select the engine's file waits for its image.
-  for arg in "${PYTEST_ARGS[@]}"; do
-    if [[ $arg == *test_pd_lifecycle* || $arg == tests/e2e || $arg == tests/e2e/ ]]; then
-      wait_engine_image
-      break
-    fi
-  done
-  # PYTEST_ARGS that name files or directories (tests/...) select them; otherwise tests/e2e.
-  selected=(tests/e2e)
-  for arg in "${PYTEST_ARGS[@]}"; do
-    if [[ $arg == tests/* ]]; then selected=() && break; fi
-  done
-  step "tests/e2e against kind"
-  "$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA --durations=12 \
-    --basetemp "$WORK/pytest-e2e" "${PYTEST_ARGS[@]}" || E2E_RC=$?
-fi
+# PYTEST_ARGS that name files or directories (tests/...) select them; otherwise tests/e2e.
+selected=(tests/e2e)
+for arg in "${PYTEST_ARGS[@]}"; do
+  if [[ $arg == tests/* ]]; then selected=() && break; fi
+done
+step "tests/e2e against kind"
+"$PY" -m pytest "${selected[@]}" -q -p no:cacheprovider -rA --durations=12 \
+  --basetemp "$WORK/pytest-e2e" "${PYTEST_ARGS[@]}" || E2E_RC=$?
 if [[ -s $PDMTP_E2E_RESULT ]]; then echo "rollout figures: $(tr -d '\n ' <"$PDMTP_E2E_RESULT")"; fi
 if [[ -s $PDMTP_E2E_UPGRADE_RESULT ]]; then echo "upgrade figures: $(tr -d '\n ' <"$PDMTP_E2E_UPGRADE_RESULT")"; fi
 ((CLUSTER_TIER_RC == 0)) || echo "error: the cluster tier failed against kind (exit $CLUSTER_TIER_RC)" >&2

@@ -27,12 +27,9 @@ IMAGE_ENV = {
     "emulator": "PDMTP_E2E_EMULATOR_IMAGE",
     "router": "PDMTP_E2E_ROUTER_IMAGE",
     "operator": "PDMTP_E2E_OPERATOR_IMAGE",
-    "engine": "PDMTP_E2E_ENGINE_IMAGE",
 }
 ENGINE_MODEL_ENV = "PDMTP_E2E_ENGINE_MODEL"
-"""A checkpoint directory inside the engine image (hack/kind-e2e.sh adds it to the image)."""
-ENGINE_NODE_LABEL_ENV = "PDMTP_E2E_ENGINE_NODE_LABEL"
-"""The label of the one node the ~10 GB engine image is loaded into (value `loaded`)."""
+"""The model the emulated engines are given (they load nothing)."""
 OPERATOR_NAMESPACE = "pdmtp-system"
 ANSWERS_AFTER = 100
 """Requests a load client must answer after an event (a rollout done, serving again) before it
@@ -44,27 +41,16 @@ class Images:
     emulator: str
     router: str
     operator: str
-    engine: str
     engine_model: str
-    engine_node_label: str
-
-    @property
-    def engine_node_selector(self) -> dict[str, str]:
-        """Where a pod of the engine image can start: the node it was loaded into."""
-        return {self.engine_node_label: "loaded"}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Images:
-        required = [*IMAGE_ENV.values(), ENGINE_MODEL_ENV, ENGINE_NODE_LABEL_ENV]
+        required = [*IMAGE_ENV.values(), ENGINE_MODEL_ENV]
         missing = [name for name in required if not env.get(name)]
         if missing:
             raise LookupError(f"unset: {', '.join(missing)} (hack/kind-e2e.sh sets them)")
         images = {key: env[name] for key, name in IMAGE_ENV.items()}
-        return cls(
-            **images,
-            engine_model=env[ENGINE_MODEL_ENV],
-            engine_node_label=env[ENGINE_NODE_LABEL_ENV],
-        )
+        return cls(**images, engine_model=env[ENGINE_MODEL_ENV])
 
 
 class KubectlError(RuntimeError):

@@ -38,7 +38,6 @@ from pdmtp.core.rollout.steering import target_and_policy
 
 NAME = "maint"
 record = Figures("PDMTP_E2E_MAINTENANCE_RESULT").record
-ENGINE_NODE_LABEL = "pdmtp.io/e2e-engine-image"
 
 
 def builder(kind: Kind) -> PDDBuilder:
@@ -51,12 +50,11 @@ def builder(kind: Kind) -> PDDBuilder:
         .router(replicas=2, image=kind.images.router, resources={"requests": {"cpu": "100m"}})
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # A stopped engine keeps answering through its preStop (grace less vLLM's 30 s
-        # shutdown: 15 s here, 60 s by default). The worker that holds the real engine's image
-        # is left out: later tests need it, and it is not this test's to drain or freeze.
+        # shutdown: 15 s here, 60 s by default).
         .set(
             pod={
                 "terminationGracePeriodSeconds": 45,
-                # Each role spread over the two spare workers (matchLabelKeys: counted per role),
+                # Each role spread over the workers (matchLabelKeys: counted per role),
                 # so a lost one takes half of each, not every decode: spread over the pods as a
                 # whole, one kind run put both decodes on the worker test_1 froze, and nothing
                 # served until the node controller's eviction. A preference (ScheduleAnyway):
@@ -70,19 +68,6 @@ def builder(kind: Kind) -> PDDBuilder:
                         "matchLabelKeys": [LABEL_ROLE],
                     }
                 ],
-                "affinity": {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [
-                                {
-                                    "matchExpressions": [
-                                        {"key": ENGINE_NODE_LABEL, "operator": "DoesNotExist"}
-                                    ]
-                                }
-                            ]
-                        }
-                    }
-                },
             }
         )
     )
@@ -106,13 +91,12 @@ def settled(kind: Kind, namespace: str) -> bool:
 
 
 def busiest_worker(kind: Kind, namespace: str, spared: str = "") -> tuple[str, list[str]]:
-    """The worker with the most engine pods of both roles, and the roles of its pods; never the
-    one holding the real engine's image (later tests need it), nor `spared` (the load client's)."""
+    """The worker with the most engine pods of both roles, and the roles of its pods; never
+    `spared` (the load client's)."""
     spare = {
         n["metadata"]["name"]
         for n in kind.get("nodes")["items"]
         if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"]
-        and ENGINE_NODE_LABEL not in n["metadata"]["labels"]
         and n["metadata"]["name"] != spared
     }
     by_node: dict[str, list[str]] = {}

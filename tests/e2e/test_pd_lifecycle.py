@@ -5,13 +5,15 @@
    and pulls that request's KV from it);
 2. a paired rollout (MTP numSpeculativeTokens 3 -> 2) under a bounded request loop: no request
    fails and no decode uses KV from the other revision;
-3. the real engine image with a lookahead the checkpoint contradicts: the launcher refuses
-   (exit 3), the kubelet reports its termination message, the operator rolls the revision back
-   (the default onFailure) and says Degraded=True RolledBack with that reason, and the serving
-   pods are untouched;
+3. a new revision whose engines refuse their config as the engine image's launcher does (exit 3,
+   its one-line reason in the termination message; the images tier proves the real launcher
+   refuses so, from the pod's own env and args): the kubelet reports it, the operator rolls the
+   revision back (the default onFailure) and says Degraded=True RolledBack with that reason, and
+   the serving pods are untouched;
 4. deleting it removes every child (the real garbage collector).
 
-The engines are the emulator image, except in step 3; the router is the real router image.
+The engines are the emulator image (in step 3 told to refuse: PDMTP_EMULATOR_REFUSE); the router
+is the real router image.
 """
 
 from __future__ import annotations
@@ -39,9 +41,6 @@ state: dict[str, Any] = {}
 
 
 def spec_for(kind: Kind) -> dict[str, Any]:
-    # The checkpoint the engine image carries has ONE MTP module, but the spec declares three:
-    # the user error only the launcher, reading the real checkpoint, can catch (step 3). The
-    # emulator serves whatever it is given.
     obj = (
         pdd(NAME)
         .set(image=kind.images.emulator, model={"name": kind.images.engine_model})
@@ -168,10 +167,8 @@ def test_2_paired_rollout_under_load_loses_no_request(kind: Kind, namespace: str
 
 
 REFUSED = 3
-# Where this runs, not what the pod is (as the images tier): no GPU for vLLM to infer its device
-# from (on a GPU node it finds CUDA). No hub either, but HF_HUB_OFFLINE is operator-owned in a
-# spec, so the checkpoint image sets it (tests/e2e/engine-checkpoint/Containerfile).
-SITE_ENV = [{"name": "VLLM_TARGET_DEVICE", "value": "cpu"}]
+MISMATCH = "lookahead mismatch: operator expects 2, vLLM computes 1 (method=mtp k=2 mtp_modules=1)"
+"""What the launcher says when the checkpoint has one MTP module where the spec declares three."""
 
 
 def pod_states(pods: list[dict[str, Any]]) -> dict[str, tuple[str, int, bool]]:
@@ -258,12 +255,15 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
     before = pod_states(revision_pods(kind, namespace, serving))
     assert len(before) == 3 and all(ready for _, _, ready in before.values()), before
 
-    # The real engine image, with the checkpoint it carries: one MTP module, where the spec says
-    # three. The operator expects lookahead 2 (k=2); vLLM computes 1 from the checkpoint. Only
-    # one node carries that image.
-    on_engine_node = {"env": SITE_ENV, "nodeSelector": kind.images.engine_node_selector}
+    # A new revision (another model revision) whose engines refuse as the launcher does when
+    # the checkpoint has one MTP module where the spec says three.
+    refusing = {"env": [{"name": "PDMTP_EMULATOR_REFUSE", "value": MISMATCH}]}
     patch = {
-        "spec": {"image": kind.images.engine, "prefill": on_engine_node, "decode": on_engine_node}
+        "spec": {
+            "model": {"revision": "single-module"},
+            "prefill": refusing,
+            "decode": refusing,
+        }
     }
     kind.kubectl(
         "-n", namespace, "patch", "pddeployment", NAME, "--type=merge", "-p", json.dumps(patch)
@@ -283,7 +283,7 @@ def test_3_engine_refusing_a_mismatched_lookahead_rolls_back_and_spares_serving_
         return cond if cond and cond["status"] == "True" else None
 
     with watcher:
-        cond = wait_for(rolled_back, "Degraded=True", 600, every=0.3)
+        cond = wait_for(rolled_back, "Degraded=True", 180, every=0.3)
         rolled_back()  # what the watch brought since the last look
     status = kind.pdd(namespace, NAME)["status"]
     refused_revision = status["updateRevision"]

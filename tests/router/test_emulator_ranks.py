@@ -485,3 +485,26 @@ def test_a_three_node_tp_group_needs_every_rank_and_loses_all_with_one(start: St
     assert wait_health(pods[0].url, lambda s, _: s != 200, "fails") == (503, "engine dead")
     assert leader.wait_exit() == ranks.EXIT_ENGINE_DEAD
     assert rank1.wait_exit() == ranks.EXIT_LEADER_LOST
+
+
+def test_a_refusal_knob_exits_as_the_launcher_does(start: Start, tmp_path: Path) -> None:
+    """PDMTP_EMULATOR_REFUSE: the launcher's one-line termination message and exit 3, from a
+    single-node pod's rendered args, before anything listens (the kind tier's rollback step)."""
+    pod = single_node_pod()
+    log = tmp_path / "termination-log"
+    argv = with_values(
+        container(pod)["args"], {"--host": LOOPBACK, "--port": str(free_ports(1)[0])}
+    )
+    env = {**plain_env(pod), "HOSTNAME": pod["metadata"]["name"]}
+    env.pop("PDMTP_METRICS_PORT")
+    emulator = start(
+        "refusing",
+        argv,
+        env,
+        PDMTP_EMULATOR_REFUSE="lookahead mismatch: operator expects 2, vLLM computes 1",
+        PDMTP_TERMINATION_LOG=str(log),
+    )
+    assert emulator.wait_exit() == 3
+    assert log.read_text() == (
+        "pdmtp-engine refused to start: lookahead mismatch: operator expects 2, vLLM computes 1\n"
+    )

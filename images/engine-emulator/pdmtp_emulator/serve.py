@@ -24,6 +24,13 @@ lost its engine is dead and it exits ranks.EXIT_ENGINE_DEAD after PDMTP_EMULATOR
 (default 2). A headless rank only joins node 0 (PDMTP_EMULATOR_RENDEZVOUS_SECONDS to reach it)
 and serves nothing. A pod without those args is one engine, as before.
 
+PDMTP_EMULATOR_REFUSE=<reason> makes it do what the engine image's launcher does when the
+effective config contradicts what the operator expects: write `pdmtp-engine refused to start:
+<reason>` to the termination-message file (PDMTP_TERMINATION_LOG, default /dev/termination-log)
+and exit 3, before serving anything. The images tier proves the real launcher refuses so, with
+the pod's own env and args; this lets the kind tier run the rest (the kubelet's report, the
+operator's rollback) without loading the ~10 GB engine image.
+
 Its revision is read from the pod name, which the Deployment controller derives from the
 operator's workload name `<pdd>-<revision>-<role>` plus the ReplicaSet hash and a random suffix.
 A group pod is named `<pdd>-<revision>-<role>-<group>-<rank>`, but its `hostname` is set, so
@@ -185,10 +192,26 @@ async def run(
     return ranks.EXIT_ENGINE_DEAD if engine.state == "dead" else 0
 
 
+EXIT_REFUSED_CONFIG = 3
+"""The engine launcher's exit code for a config it refuses (pdmtp_engine.launcher)."""
+
+
+def refuse(reason: str, env: Mapping[str, str]) -> int:
+    """The launcher's refusal: one line in the termination-message file, exit 3."""
+    line = f"pdmtp-engine refused to start: {reason}".replace("\n", " ")
+    path = env.get("PDMTP_TERMINATION_LOG", "/dev/termination-log")
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as out:
+        out.write(line + "\n")
+    print(line, file=sys.stderr, flush=True)
+    return EXIT_REFUSED_CONFIG
+
+
 def main(argv: list[str]) -> int:
     env = dict(os.environ)
     pod = pod_name(env, env.get("HOSTNAME") or socket.gethostname())
     args = parse_vllm_serve(argv)
+    if env.get("PDMTP_EMULATOR_REFUSE"):
+        return refuse(env["PDMTP_EMULATOR_REFUSE"], env)
     group = ranks.group_from(args, env)
     if group is not None and not group.leader:
         role_of(args, env)  # a misrendered rank fails as its leader would
