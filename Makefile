@@ -159,17 +159,21 @@ test-images: venv images cluster-bins ## Images tier: each image run as its pod 
 
 # The cluster and images tiers wait on controllers and podman, kind on its nodes' pods: each leaves
 # most of a core idle, so they run side by side; the engine and CPU P/D tiers compute (vLLM on
-# CPU) and run niced beside them, taking only what those leave (hack/lanes.sh).
+# CPU) and run niced beside them, taking only what those leave (hack/lanes.sh). kind is the
+# longest lane, so it starts at once: lint, unit and router open the cluster lane instead of
+# running before every lane, and KEDA's test (its cold build is the longest) closes it.
 .PHONY: test-lanes
-test-lanes: venv ## The cluster + images tiers beside kind, and the engine + CPU P/D tiers niced
-	hack/lanes.sh cluster '$(MAKE) chart-check test-cluster test-images' kind '$(MAKE) kind-e2e' \
+test-lanes: venv ## Every tier in three lanes: lint .. cluster .. KEDA, beside kind, beside the engine tiers niced
+	hack/lanes.sh \
+	  cluster '$(MAKE) lint test-unit test-router chart-check test-cluster test-images test-keda' \
+	  kind '$(MAKE) kind-e2e' \
 	  --niced engines '$(MAKE) test-engine test-pd-cpu'
 
 # hack/with-prebuild.sh warms the build caches (images, kind, KEDA) in the background, niced,
 # while the first tiers run; each build is locked, so a tier that needs one waits for it.
 .PHONY: test
 test: ## Every tier CI runs (cold builds overlap the first tiers: hack/prebuild.sh)
-	hack/with-prebuild.sh $(MAKE) lint test-unit test-router test-lanes test-keda
+	hack/with-prebuild.sh $(MAKE) test-lanes
 
 # kind on podman with a node image built here (hack/kind/); KIND_E2E_RUNTIME=docker uses Docker,
 # the upstream bases and kindest/node instead. KIND_E2E_ARGS e.g. --keep, --no-cluster-tier.

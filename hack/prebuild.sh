@@ -11,8 +11,9 @@
 # Niced: the builds take the CPU the tiers leave idle (the cluster tier and kind wait on pods much
 # of the time). The I/O class is idle too, but the mq-deadline scheduler ignores it: the image
 # builds (gigabytes written) slow whatever reads the disk beside them, so they go while the
-# cluster tier runs, before the engine and CPU P/D tiers load vLLM. Order: what the earliest
-# tiers need first; KEDA (the longest cold build, CPU only) last, for the last tier.
+# cluster tier runs, before the engine and CPU P/D tiers load vLLM. Order: what the kind lane
+# needs first (it is the longest, and starts at once); KEDA (the longest cold build, CPU only)
+# last, for the cluster lane's last tier.
 #
 #   hack/prebuild.sh    progress and a per-build time on stdout
 set -uo pipefail
@@ -34,13 +35,15 @@ build() { # name command...
   fi
 }
 
+# kind's lane starts at once and is the longest: what it needs before its cluster comes first.
 build cluster-bins hack/build-cluster-bins.sh
-build helm hack/helm/build.sh
-build prometheus hack/prometheus/build.sh
-build images python3 hack/lib/build_images.py build base-python operator router engine
+build kind-images python3 hack/lib/build_images.py build base-python operator router
 build kind-bins hack/kind/build-bins.sh
 build network-policies hack/kind/build-network-policies.sh
 build kind-node-image hack/kind/build-node-image.sh
+build helm hack/helm/build.sh
+build prometheus hack/prometheus/build.sh
+build engine-image python3 hack/lib/build_images.py build engine
 build keda hack/keda/build.sh
 
 # Every Go build is done and its binaries cached by version, so Go's build cache (~8 GB after a
