@@ -88,7 +88,9 @@ def test_the_crd_lists_fields_with_fractional_bounds() -> None:
     assert "spec.autoscaling.prefill.targets.0.value" in paths, paths
 
 
-@pytest.mark.parametrize(("path", "bound"), FIELDS, ids=lambda x: ".".join(map(str, x)))
+@pytest.mark.parametrize(
+    ("path", "bound"), [pytest.param(p, b, id=f"{'.'.join(map(str, p))}={b}") for p, b in FIELDS]
+)
 def test_validate_and_the_api_server_agree_around_a_fractional_bound(
     cluster: Cluster, crd: None, namespace: str, tmp_path: Path, path: Path_, bound: float
 ) -> None:
@@ -123,5 +125,6 @@ def test_validate_and_the_api_server_agree_around_a_fractional_bound(
             )
     print(".".join(map(str, path)), verdicts)
     assert not disagreements, disagreements
-    # Both sides refuse what the bound excludes and take the bound itself.
-    assert f"{bound!r}: accepted" in verdicts
+    # Both verdicts came up (a field the spec ignored would accept everything).
+    assert any(v.endswith("accepted") for v in verdicts), verdicts
+    assert any(v.endswith("refused") for v in verdicts), verdicts
