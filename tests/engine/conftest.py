@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,13 @@ if MISSING_ENGINE_MODULES:
     collect_ignore_glob = ["test_*.py"]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path factory reads the basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None:
+        # A basetemp of this session's own: pytest's shared one is rotated (three kept) by every
+        # other session on the machine, and a fixed one is wiped by the next session that names
+        # it (seen: a second engine session beside `make test` broke 20 of its tests).
+        config.option.basetemp = tempfile.mkdtemp(prefix="pdmtp-engine-")
     config.addinivalue_line(
         "markers", "engine: needs the engine venv (real vLLM on CPU, mooncake-transfer-engine)"
     )

