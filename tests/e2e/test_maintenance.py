@@ -57,13 +57,16 @@ def builder(kind: Kind) -> PDDBuilder:
                 # Each role spread over the workers (matchLabelKeys: counted per role),
                 # so a lost one takes half of each, not every decode: spread over the pods as a
                 # whole, one kind run put both decodes on the worker test_1 froze, and nothing
-                # served until the node controller's eviction. A preference (ScheduleAnyway):
-                # required, a drain could not place the pod it evicts.
+                # served until the node controller's eviction. Required: as a preference
+                # (ScheduleAnyway) the scheduler once put all four engines on one of the three
+                # workers. nodeTaintsPolicy Honor leaves a cordoned or unreachable worker out of
+                # the count, so a drain can still place the pod it evicts.
                 "topologySpreadConstraints": [
                     {
                         "maxSkew": 1,
                         "topologyKey": "kubernetes.io/hostname",
-                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "whenUnsatisfiable": "DoNotSchedule",
+                        "nodeTaintsPolicy": "Honor",
                         "labelSelector": {"matchLabels": {LABEL_NAME: NAME}},
                         "matchLabelKeys": [LABEL_ROLE],
                     }
