@@ -420,6 +420,15 @@ export PDMTP_E2E_UPGRADE_RESULT=${PDMTP_E2E_UPGRADE_RESULT:-$WORK/upgrade.json}
 # tests/e2e/test_alerts.py runs this prometheus on the host against the chart's rules.
 export PDMTP_PROMETHEUS_DIR=$PROMETHEUS_DIR
 export -p | grep -E ' (KUBECONFIG|PDMTP_[A-Z0-9_]+)=' >"$WORK/e2e.env"
+# A podman build (the background builds' engine image, on a cold run) holds podman's storage:
+# the node freezes and execs of tests/e2e would stall behind it (`podman pause` timed out after
+# 60 s once). Wait for the image builds, lifting them if they are the background ones.
+images_lock=${PDMTP_CACHE_DIR:-$HOME/.cache/pdmtp}/images/build.lock
+if [[ $RUNTIME == podman && -e $images_lock ]] && ! flock -n "$images_lock" true; then
+  step "Wait for the image builds (podman's storage)"
+  hack/lift-prebuild.sh "$images_lock" "the image builds" || true
+  flock "$images_lock" true
+fi
 E2E_RC=0
 # PYTEST_ARGS that name files or directories (tests/...) select them; otherwise tests/e2e.
 selected=(tests/e2e)

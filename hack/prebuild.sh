@@ -35,15 +35,19 @@ build() { # name command...
   fi
 }
 
-# kind's lane starts at once and is the longest: what it needs before its cluster comes first.
+# kind's lane starts at once and is the longest: what it needs before its cluster comes first
+# (it builds those itself, in the foreground, when it gets there first). The engine image, which
+# only the images tier runs, is built before kind's tests begin: a podman build holds podman's
+# storage, and the node freezes and execs of kind's tests would wait on it (hack/kind-e2e.sh
+# waits for the image builds before its tests).
 build cluster-bins hack/build-cluster-bins.sh
 build kind-images python3 hack/lib/build_images.py build base-python operator router
+build engine-image python3 hack/lib/build_images.py build engine
 build kind-bins hack/kind/build-bins.sh
 build network-policies hack/kind/build-network-policies.sh
 build kind-node-image hack/kind/build-node-image.sh
 build helm hack/helm/build.sh
 build prometheus hack/prometheus/build.sh
-build engine-image python3 hack/lib/build_images.py build engine
 build keda hack/keda/build.sh
 
 # Every Go build is done and its binaries cached by version, so Go's build cache (~8 GB after a
