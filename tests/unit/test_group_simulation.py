@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fake_cluster import FakeCluster
-from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from pdmtp.api import vocabulary as v
@@ -191,6 +191,7 @@ rollouts = st.builds(
     st.integers(0, 3),
 )
 replicas = st.integers(1, 3)
+_TP3 = Shape(nodes=3, layout="TensorParallel", tensor_parallel=3)
 
 
 def body(
@@ -885,6 +886,20 @@ def roll_and_scale(
     failures=failure_sets,
     kills=kill_plans,
     seed=st.integers(0, 2**32 - 1),
+)
+# A group's leader deleted while the operator was down: back, it marked the gone leader (the
+# group's marks live there) beside replacing the group whole, and the write met a 404.
+@example(
+    shapes={"prefill": _TP3, "decode": _TP3},
+    prefill=3,
+    decode=2,
+    rollout=Rollout((2, 0), 3),
+    routers=2,
+    change="image",
+    scales=[(11, "prefill", 2)],
+    failures=[(16, "delete"), (2, "delete"), (2, "unready")],
+    kills=[(2, 2)],
+    seed=3395660,
 )
 def test_a_paired_rollout_of_groups_scaled_and_failing_keeps_every_check(
     shapes: dict[EngineRole, Shape],

@@ -43,7 +43,7 @@ from pdmtp.core.context import Context
 from pdmtp.core.groups import podgroups
 from pdmtp.core.groups.actions import group_actions
 from pdmtp.core.groups.grouping import groups_of, units, workloads
-from pdmtp.core.objects import annotations_of, format_time, labels_of, parse_time
+from pdmtp.core.objects import annotations_of, format_time, labels_of, name_of, parse_time
 from pdmtp.core.pods import (
     crash_looping,
     engine_failures,
@@ -244,7 +244,8 @@ def decide(observed: Observed, now: float) -> Decision:
     if ctx.agreement.compatible:
         children = shared_children(ctx.pdd, ctx.agreement.settings)
         actions += [a for m in children if (a := apply_if_drifted(m, ctx.existing))]
-    actions += _marks(removal, engines, stamp, to_replace)
+    pods_there = frozenset(name_of(p) for p in ctx.raw_pods)
+    actions += _marks(removal, engines, stamp, to_replace, pods_there)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
     for p in removal.plans:
@@ -432,12 +433,17 @@ def _marks(
     engines: Sequence[EnginePod],
     stamp: str,
     replace: Mapping[str, str],
+    pods_there: frozenset[str],
 ) -> list[Action]:
     """The leaving and release marks engine pods must carry after this step, and the replace
-    mark of the pods to start replacing (`replace`: pod -> why)."""
+    mark of the pods to start replacing (`replace`: pod -> why). A multi-node group's marks live
+    on its leader pod: a group whose leader is gone is replaced
+    whole in this step, and there is nothing to mark (`pods_there`: the pods that exist)."""
     changes = {pod: (leaving, released) for pod, leaving, released in removal.changes(engines)}
     out: list[Action] = []
     for was in sorted(engines, key=lambda e: e.name):
+        if was.name not in pods_there:
+            continue
         leaving, released = changes.get(was.name, (was.leaving, was.released))
         notes: dict[str, str | None] = {}
         if was.name in replace:
