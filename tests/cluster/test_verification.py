@@ -294,15 +294,22 @@ def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls
             text = probes.read_text() if probes.exists() else ""
             return [json.loads(x) for x in text.splitlines()]
 
-        files.by_revision[healthy] = lambda: handoff(2 + len(sent()), 3)
+        def to(revision: str) -> list[Any]:
+            return [p for p in sent() if p["revision"] == revision]
+
+        files.by_revision[healthy] = lambda: handoff(2 + len(to(healthy)), 3)
         started = time.monotonic()
         settled = wait_settled(cluster.api_client, namespace, name, timeout=120)
         watcher.stop()
         assert settled["status"]["currentRevision"] == healthy
         assert revisions(cluster, namespace) == {healthy}
         assert watcher.violations == [], (watcher.violations[:5], watcher.views)
-        routers = {p["router"] for p in sent()}
-        assert {p["revision"] for p in sent()} == {healthy}, sent()
-        assert all(r.startswith(f"{name}-{healthy}-router-") for r in routers), routers
-        # 60 a minute, one at a time: never more than one a second.
-        assert 2 <= len(sent()) <= time.monotonic() - started + 2, len(sent())
+        # Each probe through the revision's own router; the serving revision, which the new
+        # one is compared with, probed beside it (the probes weigh on both sides alike).
+        assert {p["revision"] for p in sent()} <= {healthy, old}, sent()
+        for revision in (healthy, old):
+            routers = {p["router"] for p in to(revision)}
+            assert all(r.startswith(f"{name}-{revision}-router-") for r in routers), routers
+        # 60 a minute, one at a time: never more than one a second per revision.
+        assert 2 <= len(to(healthy)) <= time.monotonic() - started + 2, len(to(healthy))
+        assert len(to(old)) <= time.monotonic() - started + 2, len(to(old))

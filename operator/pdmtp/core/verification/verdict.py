@@ -178,7 +178,11 @@ def _summed(
         reporting += 1
         counted += m.latest.kv_pulled_requests is not None
         windows = select(m.windows)
-        kept.append(windows)
+        # A pod's first window counts its engine's life before the operator saw it: one cluster
+        # of unknown size and span, as much evidence as all the rest after a restart. It counts,
+        # but the acceptance test's sample (and its variance) is made of the windows between
+        # two scrapes the operator saw.
+        kept.append([w for w in windows if w.start is not None])
         for w in windows:
             for name in _COUNTS:
                 totals[name] += getattr(w, name)
@@ -313,7 +317,7 @@ def _acceptance(
     if (
         reference is not None
         and reference.drafts_alike
-        and reference.handoff.drafts >= rules.min_drafts
+        and reference.handoff.sample.drafts >= rules.min_drafts
         and reference.handoff.sample.windows >= st.MIN_WINDOWS
     ):
         against = reference.handoff.sample
@@ -334,12 +338,12 @@ def _acceptance(
         )
     if against is None:
         return None
-    if c.drafts < rules.min_drafts or c.sample.windows < st.MIN_WINDOWS:
+    if c.sample.drafts < rules.min_drafts or c.sample.windows < st.MIN_WINDOWS:
         return (
             Outcome.PENDING,
             Finding.AWAITING_DRAFTS,
-            f"{c.drafts:g} draft(s) over {c.sample.windows:g} window(s) seen; acceptance is "
-            f"judged from {rules.min_drafts} drafts and {st.MIN_WINDOWS} windows",
+            f"{c.sample.drafts:g} draft(s) over {c.sample.windows:g} window(s) seen; acceptance "
+            f"is judged from {rules.min_drafts} drafts and {st.MIN_WINDOWS} windows",
         )
     drop = rules.smallest_regression
     llr = st.acceptance_llr(c.sample, against, drop)
