@@ -212,7 +212,7 @@ def test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_pro
 
         watcher = watch(cluster, namespace, name, b)
         # A rebuilt engine image drafting as before: 0.5 accepted per draft against 1.5, judged
-        # once both sides have 8 windows (the operator scrapes every second).
+        # once both sides have 4 windows (the operator scrapes every second).
         b.set(image="pdmtp-engine:rebuilt")
         worse = compat_revision(b.build().spec)
         files.by_revision[worse] = growing(4, 2, drafts=40, accepted=20, seed=1)

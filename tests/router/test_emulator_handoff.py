@@ -106,7 +106,7 @@ def test_each_fault_reaches_its_verdict(engine: EngineFactory, start_router: Rou
     for changes, finding, counted in faults:
         decode.configure(**{**healthy.as_dict(), **changes})
         since = held.latest.at if held.latest else None
-        # a fault in the counts shows in one load; acceptance needs 8 windows on each side
+        # a fault in the counts shows in one load; acceptance needs 4 windows on each side
         loads = 8 if "requests" in counted and counted["requests"] == 80 else 1
         for _ in range(loads):
             assert load(router) == [200] * REQUESTS, changes  # recomputed: all answered

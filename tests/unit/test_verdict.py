@@ -118,8 +118,8 @@ def test_a_healthy_revision_is_verified() -> None:
         (handoff(windows(backoff=0)), Finding.BACKOFF_MISMATCH),
         (handoff(windows(backoff=3)), Finding.BACKOFF_MISMATCH),
         (handoff(windows(2, requests=3)), Finding.AWAITING_REQUESTS),
-        # 7 windows with drafts: the variance needs 8
-        (handoff(windows(7)), Finding.AWAITING_DRAFTS),
+        # 3 windows with drafts: the variance needs 4
+        (handoff(windows(3)), Finding.AWAITING_DRAFTS),
         (handoff(windows(12, drafts=2, accepted=(3, 3))), Finding.AWAITING_DRAFTS),
         # 20 % fewer accepted tokens per draft
         (

@@ -599,7 +599,7 @@ class VerificationSpec(Model):
         le=1000000,
         description=(
             "Drafts needed, on each side, before acceptance is judged: a floor under the "
-            "statistics, which also need 8 scrape windows with drafts on each side."
+            "statistics, which also need 4 scrape windows with drafts on each side."
         ),
     )
     acceptance_tolerance_percent: int = Field(
