@@ -137,6 +137,17 @@ class Verdict:
     """The backoff it was judged against (`Rules.expected_backoff`)."""
 
 
+_COUNTS = (  # the Handoff fields summed from each window
+    "requests",
+    "pulled_tokens",
+    "backoff_tokens",
+    "decode_only",
+    "failed",
+    "drafts",
+    "accepted",
+)
+
+
 def evidence(
     decode_pods: Iterable[PodMetrics], since: float | None = None, first: bool = True
 ) -> Handoff:
@@ -187,17 +198,6 @@ def _summed(
             for name in _COUNTS:
                 totals[name] += getattr(w, name)
     return Handoff(reporting, counted, **totals, sample=st.ratio_sample(kept))
-
-
-_COUNTS = (
-    "requests",
-    "pulled_tokens",
-    "backoff_tokens",
-    "decode_only",
-    "failed",
-    "drafts",
-    "accepted",
-)
 
 
 def judge(
@@ -282,7 +282,7 @@ def judge(
         Finding.VERIFIED,
         f"{c.requests:g} request(s) pulled KV"
         + ("" if expected_backoff is None else f" with the backoff of {expected_backoff}")
-        + f", {c.failed:g} failed"
+        + f", {judged.failed:g} failed"
         + ("" if acceptance is None else f", {acceptance[2]}"),
     )
 
