@@ -4,7 +4,8 @@ interval.
 A `Scraper` task wakes every second, and for each PDDeployment with spec.autoscaling (at its
 interval) or a spec.verification.mode other than Off (every `verify_seconds`) whose interval has
 passed reads each live engine pod's metrics through a `MetricsSource`, keeps the two latest
-scrapes per pod (windowed signals need both), forgets pods that are gone, and queues the
+scrapes per pod (windowed signals need both) and the windows between all its scrapes (the
+verdict's evidence, bounded: `core.windows.record`), forgets pods that are gone, and queues the
 PDDeployment so its reconcile decides on the fresh numbers (an autoscaled one every round, its
 windows move with the clock; another only when a pod's numbers changed). It decides nothing
 itself.
@@ -166,12 +167,8 @@ class Scraper:
         now: dict[str, PodMetrics] = {}
         for pod, scrape in results:
             was = before.get(pod, PodMetrics())
-            if scrape is None:
-                now[pod] = was  # silent this round: its last scrape ages into staleness
-            elif was.latest is not None and was.latest.at >= scrape.at:
-                now[pod] = was  # nothing new (a file not rewritten)
-            else:
-                now[pod] = PodMetrics(scrape, was.latest)
+            # Silent this round: its last scrape ages into staleness.
+            now[pod] = was if scrape is None else was.scraped(scrape)
         self.seen[key] = now
         self.rounds += 1
         return now != before

@@ -2,7 +2,11 @@
 
 It reads what the operator judged and wrote to the PDDeployment's status (`core.verification`),
 not the engines themselves: the engines' metrics port is open only to the operator's pods
-(their NetworkPolicy), and the verdict shown is the one the rollouts act on.
+(their NetworkPolicy), and the verdict shown is the one the rollouts act on. The figures are the
+evidence the verdict rests on: what the decodes counted while the operator watched them
+(WINDOWS: the scrape windows with drafts that the acceptance test measures its variance over),
+and each verdict's message gives the test's state (the acceptance against the reference's, the
+log odds of a regression, and what fails or passes).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ _COLUMNS = (
     ("FAILED", "failedPulls"),
     ("DECODE-ONLY", "decodeOnly"),
     ("DRAFTS", "drafts"),
+    ("WINDOWS", "windows"),
     ("ACCEPTANCE", "acceptanceLength"),
 )
 

@@ -1,11 +1,13 @@
 """The emulated decode's hand-off counts and faults, through the real vllm-router, judged by the
-operator's own reader and verdict (`pdmtp.core.promtext`, `pdmtp.core.verification.verdict`, issue
-41).
+operator's own reader and verdict (`pdmtp.core.promtext`, `core.windows`,
+`pdmtp.core.verification.verdict`, issues 41 and 50).
 
 The kind e2e proves the rollout gate against emulated pairs; here each fault the emulator can be
-told to have (a pull that fails, a decode-only fallback, an engine without the fixed connector,
-a lower MTP acceptance, a prefill restarted under its decode) is shown to reach the verdict it
-must, and a healthy pair to be Verified. Everything binds 127.0.0.1; each load is 10 requests.
+told to have (a pull that fails, under either kv_load_failure_policy, a decode-only fallback, an
+engine without the fixed connector, a lower MTP acceptance, a prefill restarted under its decode)
+is shown to reach the verdict it must, and a healthy pair to be Verified; and request classes,
+which the load client names in the prompt, to accept their own share of drafts. Everything binds
+127.0.0.1; each load is 10 requests, scraped as the operator does into windows.
 """
 
 from __future__ import annotations
@@ -15,8 +17,16 @@ from dataclasses import replace
 
 from pdmtp.core.promtext import parse_scrape
 from pdmtp.core.scaling.roles import PodMetrics
-from pdmtp.core.verification.verdict import Finding, Rules, judge, lifetime, recent
+from pdmtp.core.verification.verdict import (
+    Finding,
+    Reference,
+    Rules,
+    evidence,
+    judge,
+    recent,
+)
 from pdmtp_emulator.handoff import HandoffCounts
+from pdmtp_emulator.load import parse_weights
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post
 
@@ -26,72 +36,102 @@ REQUESTS = 10
 
 
 def pair(
-    engine: EngineFactory, start_router: RouterFactory, name: str, tuning: Tuning | None = None
+    engine: EngineFactory,
+    start_router: RouterFactory,
+    name: str,
+    tuning: Tuning | None = None,
+    policy: str = "fail",
 ) -> tuple[EngineEmulator, str]:
     tuning = tuning or Tuning()
     p = engine("prefill", f"{name}-p", identity=Identity(f"{name}-p", name, K), tuning=tuning)
     d = engine(
-        "decode", f"{name}-d", identity=Identity(f"{name}-d", name, K), tuning=tuning, pull_kv=True
+        "decode",
+        f"{name}-d",
+        identity=Identity(f"{name}-d", name, K),
+        tuning=tuning,
+        pull_kv=True,
+        load_failure_policy=policy,
     )
     return d, start_router([p], [d]).base
 
 
-def load(router: str, requests: int = REQUESTS) -> list[int]:
+def load(router: str, requests: int = REQUESTS, prefix: str = "") -> list[int]:
     statuses = []
     for i in range(requests):
-        body = {**completion_body(max_tokens=12), "prompt": f"request {i} of the hand-off test"}
+        prompt = f"{prefix}request {i} of the hand-off test"
+        body = {**completion_body(max_tokens=12), "prompt": prompt}
         statuses.append(post(router, "/v1/completions", body).status)
     return statuses
 
 
-def scraped(decode: EngineEmulator, previous: PodMetrics | None = None) -> PodMetrics:
+def scraped(decode: EngineEmulator, held: PodMetrics | None = None) -> PodMetrics:
+    """The decode's metrics scraped now into what the operator holds (`held` before)."""
     status, body = get(f"{decode.url}/metrics")
     assert status == 200, body
-    latest = parse_scrape(body.decode(), time.monotonic())
-    return PodMetrics(latest, None if previous is None else previous.latest)
+    return (held or PodMetrics()).scraped(parse_scrape(body.decode(), time.monotonic()))
 
 
 def test_a_healthy_pair_is_verified(engine: EngineFactory, start_router: RouterFactory) -> None:
     decode, router = pair(engine, start_router, "ok")
     assert load(router) == [200] * REQUESTS
-    handoff = lifetime([scraped(decode)])
+    handoff = evidence([scraped(decode)])
     # "request {i} of the hand-off test": 6 words, of which the backoff (2) is recomputed
     assert (handoff.requests, handoff.pulled_tokens, handoff.backoff_tokens) == (10, 40, 20)
     assert handoff.failed == handoff.decode_only == 0 and handoff.drafts > RULES.min_drafts
     assert judge(handoff, None, RULES).finding == Finding.VERIFIED
 
 
-def test_each_fault_reaches_its_verdict_while_every_request_succeeds(
-    engine: EngineFactory, start_router: RouterFactory
-) -> None:
-    """One serving pair, told each fault in turn while it serves; each judged over the window
-    of its own load (`recent`), against the healthy window before it."""
-    decode, router = pair(engine, start_router, "faults", Tuning(acceptance_rate=0.7))
+def test_each_fault_reaches_its_verdict(engine: EngineFactory, start_router: RouterFactory) -> None:
+    """One serving pair, told each fault in turn while it serves; each judged over the windows
+    of its own load (8 loads of 10, a scrape after each), against the healthy windows before.
+    Under kv_load_failure_policy recompute every request is answered; the fault shows in the
+    counters alone."""
+    decode, router = pair(engine, start_router, "faults", Tuning(acceptance_rate=0.7), "recompute")
     healthy = Tuning(acceptance_rate=0.7)
-    assert load(router) == [200] * REQUESTS
-    before = scraped(decode)
-    reference = lifetime([before])
+    held = scraped(decode)
+    for _ in range(8):
+        assert load(router) == [200] * REQUESTS
+        held = scraped(decode, held)
+    reference = Reference(evidence([held], first=False))
+    rules = replace(RULES, load_failure_policy="recompute")
     faults = [
-        # half the pulls fail and are recomputed
-        ({"pull_failure_rate": 0.5}, Finding.PULL_FAILED, {"failed": 5, "requests": 5}),
+        # half the pulls fail and are recomputed: each was asked for, so each is a pull
+        ({"pull_failure_rate": 0.5}, Finding.PULL_FAILED, {"failed": 5, "requests": 10}),
         ({"decode_only_rate": 1.0}, Finding.DECODE_ONLY, {"decode_only": 10, "requests": 0}),
-        ({"acceptance_rate": 0.3}, Finding.ACCEPTANCE_REGRESSED, {"requests": 10, "failed": 0}),
-        ({}, Finding.VERIFIED, {"requests": 10, "failed": 0, "decode_only": 0}),
+        ({"acceptance_rate": 0.3}, Finding.ACCEPTANCE_REGRESSED, {"requests": 80, "failed": 0}),
+        ({}, Finding.VERIFIED, {"requests": 80, "failed": 0, "decode_only": 0}),
         # last: a real engine changes connector only by restarting, counters from zero
         ({"fixed_connector": 0}, Finding.NOT_REPORTED, {"requests": 0}),
     ]
     for changes, finding, counted in faults:
         decode.configure(**{**healthy.as_dict(), **changes})
-        assert load(router) == [200] * REQUESTS, changes  # request counts see none of these
-        after = scraped(decode, before)
-        before = after
-        window = recent([after])
+        since = held.latest.at if held.latest else None
+        # a fault in the counts shows in one load; acceptance needs 4 windows on each side
+        loads = 8 if "requests" in counted and counted["requests"] == 80 else 1
+        for _ in range(loads):
+            assert load(router) == [200] * REQUESTS, changes  # recomputed: all answered
+            held = scraped(decode, held)
+        window = evidence([held], since)
         if changes.get("fixed_connector") == 0:
             # no hand-off series at all: the engine image without the fix
-            assert after.latest is not None and after.latest.kv_pulled_requests is None
+            assert held.latest is not None and held.latest.kv_pulled_requests is None
         assert {key: getattr(window, key) for key in counted} == counted, changes
-        assert judge(window, reference, RULES).finding == finding, changes
-    assert reference.drafts >= RULES.min_drafts and reference.acceptance is not None
+        assert judge(window, reference, rules).finding == finding, changes
+
+
+def test_a_failed_pull_fails_its_request_under_vllms_default_policy(
+    engine: EngineFactory, start_router: RouterFactory
+) -> None:
+    """kv_load_failure_policy fail (vLLM's default, and the emulator's): each failed pull is a
+    failed request, and the verdict says so (KVLoadFailed)."""
+    decode, router = pair(engine, start_router, "fails")
+    decode.configure(pull_failure_rate=0.5)
+    statuses = load(router)
+    assert statuses.count(500) == 5 and statuses.count(200) == 5, statuses
+    handoff = evidence([scraped(decode)])
+    assert (handoff.requests, handoff.failed) == (10, 5)
+    verdict = judge(handoff, None, RULES)
+    assert verdict.finding == Finding.LOAD_FAILED and "each failed its request" in verdict.message
 
 
 def test_a_prefill_restarted_under_its_decode_fails_pulls(
@@ -103,25 +143,47 @@ def test_a_prefill_restarted_under_its_decode_fails_pulls(
     assert load(router.base, 2) == [200, 200]
     p.restart()  # new engine id; the router keeps sending the old one (docs/router.md)
     router.wait_all_healthy()
-    assert load(router.base, 1) == [500]
-    handoff = lifetime([scraped(d)])
-    assert (handoff.requests, handoff.failed) == (2, 1)
-    assert judge(handoff, None, replace(RULES, min_requests=1)).finding == Finding.PULL_FAILED
+    assert load(router.base, 3) == [500] * 3
+    handoff = evidence([scraped(d)])
+    assert (handoff.requests, handoff.failed) == (5, 3)
+    assert judge(handoff, None, replace(RULES, min_requests=1)).finding == Finding.LOAD_FAILED
 
 
-def test_a_serving_pair_that_starts_failing_shows_in_the_recent_window(
+def test_a_serving_pair_that_starts_failing_shows_in_its_recent_windows(
     engine: EngineFactory, start_router: RouterFactory
 ) -> None:
-    decode, router = pair(engine, start_router, "serving")
+    decode, router = pair(engine, start_router, "serving", policy="recompute")
     assert load(router) == [200] * REQUESTS
     first = scraped(decode)
+    held = scraped(decode, first)  # a window with nothing in it
     decode.configure(pull_failure_rate=1.0)
     assert load(router, 4) == [200] * 4
-    window = recent([scraped(decode, first)])
-    assert (window.requests, window.failed) == (0, 4)
-    assert judge(window, None, replace(RULES, min_requests=0)).finding == Finding.PULL_FAILED
-    # over its whole life it pulled 10 and failed 4: still failed, with the history behind it
-    assert lifetime([scraped(decode)]).requests == REQUESTS
+    held = scraped(decode, held)
+    window = recent([held])
+    assert (window.requests, window.failed) == (4, 4)
+    rules = replace(RULES, min_requests=0, load_failure_policy="recompute")
+    assert judge(evidence([held]), None, rules, failures=window).finding == Finding.PULL_FAILED
+    # over what the operator saw it pulled 14 and failed 4
+    assert evidence([held]).requests == REQUESTS + 4
+
+
+def test_request_classes_accept_their_own_share_of_drafts(
+    engine: EngineFactory, start_router: RouterFactory
+) -> None:
+    """Mixed traffic: a class named in the prompt drafts at its own rate, the rest at the
+    engine's; the load client's --request-classes picks the classes."""
+    classes = (("chat", 0.2), ("code", 0.9))
+    decode, router = pair(engine, start_router, "mixed", Tuning(class_acceptance=classes))
+    rates = {}
+    for prefix, name in (("[class=code] ", "code"), ("[class=chat] ", "chat"), ("", "other")):
+        before = scraped(decode)
+        assert load(router, prefix=prefix) == [200] * REQUESTS
+        window = evidence([scraped(decode, before)], before.latest.at if before.latest else None)
+        assert window.drafts > 0
+        rates[name] = window.accepted / (window.drafts * K)
+    assert abs(rates["code"] - 0.9) < 0.05 and abs(rates["chat"] - 0.2) < 0.05, rates
+    assert abs(rates["other"] - Tuning().acceptance_rate) < 0.05, rates
+    assert parse_weights("code=1,chat=3") == {"code": 1.0, "chat": 3.0}
 
 
 def test_the_emulated_decode_backs_off_what_its_engine_derived() -> None:

@@ -48,13 +48,15 @@ def test_validate_json_shape(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         "reasons": [],
         "verification": {
             "mode": "Rollback",
+            "falseRollbackPercent": 1.0,
+            "smallestRegressionPercent": 10,
             "minRequests": 8,
             "minDrafts": 32,
-            "acceptanceTolerancePercent": 10,
             "expectedAcceptanceLength": None,
             "replaceAfterFailedPulls": 3,
             "probeRequestsPerMinute": 12,
         },
+        "loadFailurePolicy": "fail",
     }
     assert len(doc["revision"]) == 8
 
@@ -67,15 +69,48 @@ def test_validate_names_the_verification_knobs(
     code, out, _ = run_cli("validate", path, capsys=capsys)
     assert code == 0
     assert out.splitlines()[1] == (
-        "  verification: Gate (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
-        "expectedAcceptanceLength 1.5, replaceAfterFailedPulls 0, probeRequestsPerMinute 12)"
+        "  verification: Gate (falseRollbackPercent 1, smallestRegressionPercent 10, "
+        "minRequests 8, minDrafts 32, expectedAcceptanceLength 1.5, replaceAfterFailedPulls 0, "
+        "probeRequestsPerMinute 12)"
     )
+    # The deprecated tolerance stands for the smallest regression where that is unset.
+    knobs = {"acceptanceTolerancePercent": 20, "falseRollbackPercent": 0.1}
+    path = write(tmp_path, pdd().set(verification=knobs).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert "(falseRollbackPercent 0.1, smallestRegressionPercent 20, minRequests" in out
+    knobs = {"acceptanceTolerancePercent": 20, "smallestRegressionPercent": 5}
+    path = write(tmp_path, pdd().set(verification=knobs).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert "smallestRegressionPercent 5," in out and "20" not in out.splitlines()[1]
     path = write(tmp_path, pdd().set(verification={"mode": "Off"}).dict())
     code, out, _ = run_cli("validate", path, capsys=capsys)
     assert out.splitlines()[1] == "  verification: Off (nothing is judged)"
     path = write(tmp_path, pdd().set(verification={"replaceAfterFailedPulls": -1}).dict())
     code, out, _ = run_cli("validate", path, capsys=capsys)
     assert code == 2 and "spec.verification.replaceAfterFailedPulls" in out
+    path = write(tmp_path, pdd().set(verification={"falseRollbackPercent": 50}).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert code == 2 and "spec.verification.falseRollbackPercent" in out
+
+
+def test_validate_shows_the_decodes_kv_load_failure_policy(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = write(tmp_path, pdd().dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert out.splitlines()[2] == (
+        "  decode kv_load_failure_policy: fail (a KV load that fails fails its request; unset: "
+        "vLLM's default)"
+    )
+    path = write(tmp_path, pdd().set(kvTransfer={"loadFailurePolicy": "recompute"}).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert code == 0 and out.splitlines()[2] == (
+        "  decode kv_load_failure_policy: recompute (a KV load that fails is recomputed by the "
+        "decode)"
+    )
+    path = write(tmp_path, pdd().set(kvTransfer={"loadFailurePolicy": "retry"}).dict())
+    code, out, _ = run_cli("validate", path, capsys=capsys)
+    assert code == 2 and "spec.kvTransfer.loadFailurePolicy" in out, out
 
 
 def test_incompatible_exits_1_naming_the_fields(

@@ -133,7 +133,12 @@ EVERY_FIELD: dict[str, Any] = {
             "extraArgs": ["--trust-remote-code"],
         },
         "speculative": {"method": "mtp", "numSpeculativeTokens": 1, "draftModel": "org/draft"},
-        "kvTransfer": {"protocol": "rdma", "deviceNames": ["mlx5_0"], "bootstrapPort": 8998},
+        "kvTransfer": {
+            "protocol": "rdma",
+            "deviceNames": ["mlx5_0"],
+            "bootstrapPort": 8998,
+            "loadFailurePolicy": "recompute",
+        },
         "pod": {
             "priorityClassName": "high",
             "schedulerName": "default-scheduler",
@@ -191,6 +196,8 @@ EVERY_FIELD: dict[str, Any] = {
             "minRequests": 8,
             "minDrafts": 32,
             "acceptanceTolerancePercent": 10,
+            "falseRollbackPercent": 1,
+            "smallestRegressionPercent": 10,
             "expectedAcceptanceLength": 1.5,
         },
         "autoscaling": {

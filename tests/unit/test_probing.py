@@ -73,6 +73,18 @@ def test_only_revisions_that_more_requests_would_decide_are_probed() -> None:
     assert probes[0].body == {"model": "m", "prompt": PROMPT, "max_tokens": MAX_TOKENS}
 
 
+def test_the_current_revision_is_probed_beside_a_revision_compared_with_it() -> None:
+    """Its acceptance is the reference: the probes' prompt must weigh on both sides alike."""
+    status = {**STATUS, "currentRevision": "old"}
+    pods = [p for r in ("new", "drafting", "old") for p in pods_of(r)]
+    probes = due(VerificationSpec(), "m", status, pods, {}, NOW)
+    assert [p.revision for p in probes] == ["new", "drafting", "old"]
+    alone = {"currentRevision": "new", "revisions": [revision("new", reasons.AWAITING_DRAFTS)]}
+    assert [p.revision for p in due(VerificationSpec(), "m", alone, pods, {}, NOW)] == ["new"]
+    settled = {"currentRevision": "old", "revisions": [revision("old", reasons.HANDOFF_VERIFIED)]}
+    assert due(VerificationSpec(), "m", settled, pods, {}, NOW) == []
+
+
 @pytest.mark.parametrize("role", v.ROLES)
 def test_a_revision_with_a_role_not_ready_gets_no_probe(role: str) -> None:
     pods = [pod(f"new-{r}", "new", r, ready=r != role) for r in v.ROLES]

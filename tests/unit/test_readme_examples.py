@@ -52,8 +52,10 @@ def test_validate_the_full_sample() -> None:
     assert (
         done.stdout == f"samples/full.yaml: compatible (lookahead prefill=3 decode=3, "
         f"prefill backoff 2, revision {rev})\n"
-        "  verification: Rollback (minRequests 8, minDrafts 32, acceptanceTolerancePercent 10, "
-        "replaceAfterFailedPulls 3, probeRequestsPerMinute 12)\n"
+        "  verification: Rollback (falseRollbackPercent 1, smallestRegressionPercent 10, "
+        "minRequests 8, minDrafts 32, replaceAfterFailedPulls 3, probeRequestsPerMinute 12)\n"
+        "  decode kv_load_failure_policy: fail (a KV load that fails fails its request; unset: "
+        "vLLM's default)\n"
     )
 
 

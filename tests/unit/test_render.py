@@ -20,7 +20,7 @@ from pdmtp.core.render.children import (
 )
 from pdmtp.core.render.membership import Membership, Prefill
 from pdmtp.core.render.weights import served_model
-from pdmtp.core.revision import compat_revision
+from pdmtp.core.revision import compat_revision, role_hash
 from pdmtp.core.rollout.states import revision_states
 
 
@@ -134,6 +134,24 @@ def test_engine_flags_load_the_fixed_connector(role: str, kv_role: str) -> None:
         "method": "mtp",
         "num_speculative_tokens": 2,
     }
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_the_kv_load_failure_policy_is_the_decodes_alone(policy: str) -> None:
+    """Set, it reaches the decode's --kv-transfer-config (a prefill loads no KV) and the decode's
+    hash alone; unset, nothing is rendered (vLLM's default) and no hash moves."""
+    plain = pdd().mtp(2, modules=2)
+    spec = plain.set(kvTransfer={"protocol": "tcp", "loadFailurePolicy": policy}).build().spec
+    decode = json.loads(flag(args_of(spec, "decode"), "--kv-transfer-config"))
+    prefill = json.loads(flag(args_of(spec, "prefill"), "--kv-transfer-config"))
+    assert decode["kv_load_failure_policy"] == policy
+    assert "kv_load_failure_policy" not in prefill
+    unset = pdd().mtp(2, modules=2).build().spec
+    decode_unset = json.loads(flag(args_of(unset, "decode"), "--kv-transfer-config"))
+    assert "kv_load_failure_policy" not in decode_unset
+    assert compat_revision(spec) == compat_revision(unset)
+    assert role_hash(spec, "prefill") == role_hash(unset, "prefill")
+    assert role_hash(spec, "decode") != role_hash(unset, "decode")
 
 
 def test_role_k_override_and_extra_args_land_on_that_role_only() -> None:

@@ -39,15 +39,15 @@ def decode(name: str, revision: str = "r", **notes: str) -> dict[str, Any]:
 
 
 def failing(
-    between: float, before: float = 0.0, at: float = NOW, pulled: float = 0.0
+    between: float, before: float = 0.0, at: float = NOW, succeeded: float = 0.0
 ) -> PodMetrics:
     """Two scrapes 15 s apart: `before` failed receives at the first, `before + between` at the
-    second (a restart in between when that is less), and `pulled` pulls that succeeded between
-    them."""
-    return PodMetrics(
-        latest=Scrape(at, kv_pulled_requests=50 + pulled, failed_recvs=before + between),
-        previous=Scrape(at - 15, kv_pulled_requests=50, failed_recvs=before),
-    )
+    second (a restart in between when that is less), and `succeeded` pulls that went well
+    between them (the connector counts a pull when it starts: a failed one too)."""
+    first = Scrape(at - 15, kv_pulled_requests=50, failed_recvs=before)
+    asked = max(between, 0) + succeeded
+    second = Scrape(at, kv_pulled_requests=50 + asked, failed_recvs=before + between)
+    return PodMetrics().scraped(first).scraped(second)
 
 
 def picked(
@@ -65,16 +65,19 @@ def test_a_decode_whose_receives_fail_between_two_scrapes_is_picked_and_says_why
     pods = [decode("a"), decode("b")]
     found = replacements(VerificationSpec(), (SERVING,), pods, {"a": failing(3), "b": failing(0)})
     assert list(found) == ["a"]
-    assert "3 KV receive(s) failed and 0 succeeded between its two latest scrapes" in found["a"]
+    assert (
+        "3 KV receive(s) failed (each failed its request) and 0 request(s) went well between its "
+        "two latest scrapes" in found["a"]
+    )
 
 
 @pytest.mark.parametrize(
     ("metrics", "why"),
     [
         ({"a": failing(2)}, "fewer failures than replaceAfterFailedPulls"),
-        ({"a": failing(8, pulled=9)}, "more pulls succeeded: a peer's crash, not this pod"),
+        ({"a": failing(8, succeeded=9)}, "more pulls succeeded: a peer's crash, not this pod"),
         ({"a": failing(0, before=50)}, "failures long ago, none since"),
-        ({"a": PodMetrics(latest=Scrape(NOW, failed_recvs=9))}, "one scrape: no window yet"),
+        ({"a": PodMetrics().scraped(Scrape(NOW, failed_recvs=9))}, "one scrape: no window yet"),
         ({}, "no scrape at all"),
     ],
 )
@@ -85,12 +88,13 @@ def test_failures_that_do_not_keep_coming_replace_nothing(
 
 
 def test_half_failing_is_enough_and_a_restarted_engine_counts_from_zero() -> None:
-    assert picked([decode("a")], {"a": failing(8, pulled=8)}) == {"a"}
-    restarted = PodMetrics(
-        latest=Scrape(NOW, kv_pulled_requests=2, failed_recvs=4),
-        previous=Scrape(NOW - 15, kv_pulled_requests=90, failed_recvs=44),
+    assert picked([decode("a")], {"a": failing(8, succeeded=8)}) == {"a"}
+    restarted = (
+        PodMetrics()
+        .scraped(Scrape(NOW - 15, kv_pulled_requests=90, failed_recvs=44))
+        .scraped(Scrape(NOW, kv_pulled_requests=6, failed_recvs=4))
     )
-    assert picked([decode("a")], {"a": restarted}) == {"a"}  # 4 failed, 2 pulled since
+    assert picked([decode("a")], {"a": restarted}) == {"a"}  # 4 failed, 2 went well since
 
 
 @pytest.mark.parametrize(
@@ -246,4 +250,4 @@ def test_report_mode_reports_the_failing_decode_and_replaces_nothing() -> None:
         cluster.tick()
     assert sorted(p["metadata"]["name"] for p in live_decodes(cluster)) == names
     verified = next(c for c in cluster.body["status"]["conditions"] if c["type"] == "Verified")
-    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_PULL_FAILED)
+    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_LOAD_FAILED)

@@ -27,7 +27,12 @@ from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.rollout.steering import Health, steer, target_and_policy
 from pdmtp.core.scaling.roles import PodMetrics
-from pdmtp.core.verification.revisions import expected_backoff, gate, verdicts
+from pdmtp.core.verification.revisions import (
+    expected_backoff,
+    gate,
+    load_failure_policy,
+    verdicts,
+)
 from pdmtp.core.verification.verdict import Finding, Handoff, Outcome, Verdict
 from pdmtp.tools.simulate import SimCluster, run
 from rollout_strategies import policies, targets
@@ -62,7 +67,8 @@ def scrape(
     accepted: float = 0,
     decode_only: float = 0,
 ) -> PodMetrics:
-    return PodMetrics(
+    """A decode's first scrape: one window, its counts since the engine started."""
+    return PodMetrics().scraped(
         Scrape(
             NOW,
             kv_pulled_requests=requests,
@@ -76,6 +82,29 @@ def scrape(
     )
 
 
+def steady(
+    count: int, requests: float, backoff: float, drafts: float, accepted: float
+) -> PodMetrics:
+    """A decode scraped every 15 s, `count` times, ending at NOW: each window `requests` pulls,
+    `drafts` drafts and about `accepted` accepted tokens (5 % either way, window by window)."""
+    held = PodMetrics()
+    for i in range(count):
+        n = i + 1
+        held = held.scraped(
+            Scrape(
+                NOW - 15 * (count - n),
+                kv_pulled_requests=requests * n,
+                kv_pulled_tokens=requests * 100 * n,
+                kv_backoff_tokens=backoff * n,
+                kv_decode_only_requests=0,
+                failed_recvs=0,
+                drafts=drafts * n,
+                accepted_tokens=accepted * n + (0.05 * accepted if n % 2 else 0),
+            )
+        )
+    return held
+
+
 def state(revision: str, created: float, routed: bool = True) -> RevisionState:
     router = RoleState(1, 1, 1) if routed else RoleState()
     return RevisionState(revision, RoleState(1, 1, 1), RoleState(1, 1, 1), router, created=created)
@@ -85,42 +114,86 @@ def test_each_revision_is_judged_on_its_own_decodes_against_the_serving_one() ->
     states = [state("old", 1), state("new", 5)]
     pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new"), decode_pod("n-1", "new")]
     metrics = {
-        "o-0": scrape(20, 40, drafts=100, accepted=150),
-        "n-0": scrape(5, 10, drafts=50, accepted=40),
-        "n-1": scrape(5, 10, drafts=50, accepted=40),
+        "o-0": steady(12, 4, 8, drafts=100, accepted=150),
+        "n-0": steady(10, 1, 2, drafts=50, accepted=40),
+        "n-1": steady(10, 1, 2, drafts=50, accepted=40),
     }
-    judged = verdicts(VerificationSpec(), states, pods, metrics)
+    judged = verdicts(VerificationSpec(), states, pods, metrics, "new")
     assert judged["old"].outcome == Outcome.VERIFIED
     # 0.8 accepted per draft against the serving revision's 1.5: regressed.
-    assert judged["new"].finding == Finding.ACCEPTANCE_REGRESSED
-    assert judged["new"].handoff.reporting_pods == 2 and judged["new"].handoff.requests == 10
+    assert judged["new"].finding == Finding.ACCEPTANCE_REGRESSED, judged["new"].message
+    assert judged["new"].handoff.reporting_pods == 2 and judged["new"].handoff.requests == 20
     assert judged["new"].expected_backoff == 2
+    assert "against the serving revision's 1.49" in judged["new"].message
+    # The same drafts as the serving revision's: Verified.
+    metrics |= {n: steady(10, 1, 2, drafts=50, accepted=75) for n in ("n-0", "n-1")}
+    assert verdicts(VerificationSpec(), states, pods, metrics, "new")["new"].outcome == (
+        Outcome.VERIFIED
+    )
     assert verdicts(VerificationSpec(mode="Off"), states, pods, metrics) == {}
 
 
-def test_the_serving_revision_is_judged_on_failures_since_the_previous_scrape() -> None:
-    """A prefill crashed an hour ago cost the decode 3 pulls: once a clean scrape follows, the
-    serving revision is Verified again; failures between its two latest scrapes fail it. A new
-    revision beside it answers for every failure of its pods' lifetime."""
+def test_the_serving_revision_is_judged_on_its_recent_failures() -> None:
+    """A prefill crashed an hour ago cost the decode 3 of its first 5 pulls: once clean windows
+    follow, the serving revision is Verified again; failures in its last windows fail it. A new
+    revision beside it answers for every failure since it started, against the serving
+    revision's over the same span: a shared blip fails neither, ten times the rate fails it."""
     states = [state("old", 1), state("new", 5)]
     pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new")]
 
-    def twice(failed_before: float, failed_now: float, requests: float = 20) -> PodMetrics:
-        latest = scrape(requests, requests * 2, failed=failed_now, drafts=100, accepted=150)
-        earlier = scrape(requests - 5, (requests - 5) * 2, failed=failed_before)
-        assert latest.latest is not None and earlier.latest is not None
-        return PodMetrics(latest.latest, replace(earlier.latest, at=NOW - 15))
+    def history(*failed: float, requests: float = 5) -> PodMetrics:
+        """Scrapes 15 s apart; `failed` is the failed receives' counter at each."""
+        held = PodMetrics()
+        for i, f in enumerate(failed):
+            n = i + 1
+            at = NOW - 15 * (len(failed) - n)
+            held = held.scraped(
+                Scrape(
+                    at,
+                    kv_pulled_requests=requests * n,
+                    kv_backoff_tokens=requests * n * 2,
+                    kv_decode_only_requests=0,
+                    failed_recvs=f,
+                )
+            )
+        return held
 
-    recovered = {"o-0": twice(3, 3), "n-0": twice(3, 3)}
+    recovered = {"o-0": history(0, 3, 3, 3, 3, 3, 3), "n-0": history(0, 3, 3, 3, 3, 3, 3)}
     judged = verdicts(VerificationSpec(), states, pods, recovered, "new")
     assert judged["old"].outcome == Outcome.VERIFIED, judged["old"].message
-    assert judged["new"].finding == Finding.PULL_FAILED
-    failing = verdicts(VerificationSpec(), states, pods, {"o-0": twice(3, 5)}, "new")
-    assert failing["old"].finding == Finding.PULL_FAILED
-    assert failing["old"].handoff.failed == 2
+    assert judged["old"].handoff.failed == 0  # its last 4 windows
+    assert judged["new"].outcome == Outcome.VERIFIED, judged["new"].message
+    assert judged["new"].handoff.failed == 3  # every window since it started
+    tenfold = {
+        "o-0": history(*[0] * 7, requests=20),
+        "n-0": history(*[4 * n for n in range(1, 8)], requests=20),
+    }
+    judged = verdicts(VerificationSpec(), states, pods, tenfold, "new")
+    assert judged["new"].finding == Finding.LOAD_FAILED, judged["new"].message
+    assert "a rate well above the serving revision's (0 of" in judged["new"].message
+    failing = verdicts(VerificationSpec(), states, pods, {"o-0": history(0, 0, 0, 3, 6, 9)}, "new")
+    assert failing["old"].finding == Finding.LOAD_FAILED
+    assert failing["old"].handoff.failed == 9
     # Alone, it is the serving revision too.
     alone = verdicts(VerificationSpec(), [state("old", 1)], pods[:1], recovered, "old")
     assert alone["old"].outcome == Outcome.VERIFIED
+
+
+def test_the_failure_policy_judged_is_the_one_each_revisions_pods_were_started_with() -> None:
+    recompute = decode_pod("n-0", "new")
+    config = '{"kv_connector":"BackoffMooncakeConnector","kv_load_failure_policy":"recompute"}'
+    recompute["spec"]["containers"][0]["args"] += ["--kv-transfer-config", config]
+    # Alone, it is judged on its recent windows: a first scrape opens them, the second counts.
+    first = Scrape(NOW - 15, kv_pulled_requests=0, kv_backoff_tokens=0, failed_recvs=0)
+    metrics = {
+        "n-0": PodMetrics()
+        .scraped(first)
+        .scraped(replace(first, at=NOW, kv_pulled_requests=4, kv_backoff_tokens=8, failed_recvs=3))
+    }
+    judged = verdicts(VerificationSpec(), [state("new", 1)], [recompute], metrics, "new")
+    assert judged["new"].finding == Finding.PULL_FAILED
+    assert load_failure_policy([recompute]) == "recompute"
+    assert load_failure_policy([decode_pod("x", "new")]) == "fail"  # vLLM's default
 
 
 def test_acceptance_is_compared_only_between_revisions_that_draft_alike() -> None:
@@ -129,12 +202,13 @@ def test_acceptance_is_compared_only_between_revisions_that_draft_alike() -> Non
     states = [state("old", 1), state("new", 5)]
     pods = [decode_pod("o-0", "old"), decode_pod("n-0", "new", backoff=1, k=2)]
     metrics = {
-        "o-0": scrape(20, 40, drafts=100, accepted=210),
-        "n-0": scrape(10, 10, drafts=100, accepted=140),
+        "o-0": steady(10, 2, 4, drafts=100, accepted=210),
+        "n-0": steady(10, 1, 1, drafts=100, accepted=140),
     }
-    assert verdicts(VerificationSpec(), states, pods, metrics)["new"].outcome == Outcome.VERIFIED
+    judged = verdicts(VerificationSpec(), states, pods, metrics, "new")["new"]
+    assert judged.outcome == Outcome.VERIFIED, judged.message
     expecting = VerificationSpec(expected_acceptance_length=2.0)
-    judged = verdicts(expecting, states, pods, metrics)["new"]
+    judged = verdicts(expecting, states, pods, metrics, "new")["new"]
     assert judged.finding == Finding.ACCEPTANCE_REGRESSED
 
 
@@ -349,18 +423,18 @@ def test_a_new_revision_whose_pulls_fail_is_rolled_back_with_the_reason() -> Non
     cluster, old = start(pdd("x").mtp(2, modules=3))
     new = new_revision(cluster)
     rounds(cluster, NOW + 10, 2)
-    report(cluster, new, scrape(3, 6, failed=2))
+    report(cluster, new, scrape(5, 10, failed=3))
     decisions = rounds(cluster, NOW + 12, 12)
     status = cluster.body["status"]
     assert status["rollout"]["phase"] == "RolledBack", status["rollout"]
-    assert status["rollout"]["failure"].startswith("verification failed (KVPullFailed)")
+    assert status["rollout"]["failure"].startswith("verification failed (KVLoadFailed)")
     assert revisions(cluster) == {old}
     verified = condition(cluster, "Verified")
     degraded = condition(cluster, "Degraded")
-    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_PULL_FAILED)
-    assert degraded["reason"] == reasons.ROLLED_BACK and "KVPullFailed" in degraded["message"]
+    assert (verified["status"], verified["reason"]) == ("False", reasons.KV_LOAD_FAILED)
+    assert degraded["reason"] == reasons.ROLLED_BACK and "KVLoadFailed" in degraded["message"]
     said = [e.reason for d in decisions for e in d.events]
-    assert reasons.ROLLBACK_STARTED in said and reasons.KV_PULL_FAILED in said
+    assert reasons.ROLLBACK_STARTED in said and reasons.KV_LOAD_FAILED in said
 
 
 def test_rollback_mode_never_waits_for_a_verdict() -> None:

@@ -20,6 +20,7 @@ JUDGED = {
     "failedPulls": 0,
     "decodeOnly": 0,
     "drafts": 100,
+    "windows": 16,
     "acceptanceLength": 1.5,
 }
 
@@ -51,7 +52,7 @@ def test_the_table_shows_each_revisions_figures_and_the_backoff_per_request() ->
     assert lines[0].split()[:4] == ["REVISION", "PHASE", "VERDICT", "REASON"]
     assert lines[1].split() == [
         "aaaa", "Serving", "Verified", "HandoffVerified", "2", "12", "1200", "24",
-        "2.00/2", "0", "0", "100", "1.500",
+        "2.00/2", "0", "0", "100", "16", "1.500",
     ]  # fmt: skip
     assert lines[2].split()[:3] == ["bbbb", "Starting", "-"]
     assert lines[3] == f"aaaa: {JUDGED['message']}"

@@ -16,8 +16,10 @@ KV transfer (opt-in, `pull_kv=True` on the decode): a prefill asked with
 `do_remote_prefill` does what vLLM's Mooncake decoder does to find that KV: it asks
 `remote_bootstrap_addr`'s `/query` for the rank whose engine_id is `remote_engine_id`, then pulls
 the transfer from that rank's worker address. Any mismatch (no such engine id, no such transfer)
-fails the request with a 500, as a failed KV load would, and the decode answers with the
-provenance of the KV it used, so a client can tell which prefill, of which revision, fed it.
+fails the request with a 500, as a failed KV load does under vLLM's default
+`kv_load_failure_policy` fail (under recompute the decode computes the prompt itself and answers
+without provenance), and the decode answers with the provenance of the KV it used, so a client can
+tell which prefill, of which revision, fed it.
 
 Load (scheduler.py): a generation request queues for one of the engine's `max_running` slots,
 then computes its first token (a prefill, or one step after a remote prefill) and decodes the
@@ -46,9 +48,15 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from pdmtp_emulator.handoff import HandoffCounts, prompt_tokens
+from pdmtp_emulator.handoff import HandoffCounts, LoadFailurePolicy, prompt_tokens
 from pdmtp_emulator.ranks import EngineState
-from pdmtp_emulator.scheduler import Scheduler, Tuning, label_set, max_tokens_of
+from pdmtp_emulator.scheduler import (
+    Scheduler,
+    Tuning,
+    label_set,
+    max_tokens_of,
+    request_class,
+)
 
 Role = Literal["prefill", "decode"]
 FailMode = Literal["status", "drop", "slow"]
@@ -158,6 +166,9 @@ class EngineEmulator:
     serves on PDMTP_METRICS_PORT; None: only the API port's /metrics, as vLLM alone."""
     tuning: Tuning = field(default_factory=Tuning)
     """Capacity, step times and MTP acceptance; change them with `configure`."""
+    load_failure_policy: LoadFailurePolicy = "fail"
+    """Decode: what a failed KV pull does to its request (`--kv-transfer-config`'s
+    kv_load_failure_policy, vLLM's default fail): fail it with a 500, or recompute the prompt."""
     state: EngineState = "serving"
     """Set by a multi-node leader's rendezvous (ranks.py): "starting" until every rank has
     joined (/health 503, generation 503), "dead" once one is lost (/health 503 as vLLM's on
@@ -525,27 +536,34 @@ class EngineEmulator:
                 KVRecord(str(params["transfer_id"]), self.engine_id, self.identity, prompt)
             )
         max_tokens = max_tokens_of(body)
-        prompt = prompt_tokens(body.get("messages") if chat else body.get("prompt"))
+        asked = body.get("messages") if chat else body.get("prompt")
+        prompt = prompt_tokens(asked)
         fault = self.handoff.fault(self.tuning) if remote_prefill else None
         if self.role == "decode" and (not remote_prefill or fault == "decode_only"):
             self.handoff.decode_only()
             remote_prefill = False
-        elif fault == "fail":
-            self.handoff.failed()  # recomputed here, as vLLM's recompute policy does
-            remote_prefill = False
-        async with self.scheduler.admit() as run:
-            if remote_prefill and self.pull_kv:
+        elif remote_prefill:
+            self.handoff.pulled(
+                self.tuning, prompt
+            )  # counted when it starts, as the connector does
+        async with self.scheduler.admit(request_class(json.dumps(asked))) as run:
+            failure: str | None = "the pull failed" if fault == "fail" else None
+            if remote_prefill and self.pull_kv and failure is None:
                 try:
                     used = await self._pull_kv(params)
                 except (TimeoutError, KVPullError, aiohttp.ClientError, KeyError) as exc:
-                    self.handoff.failed()
-                    error = {"object": "error", "message": f"KV load failed: {exc}", "code": 500}
+                    failure = str(exc)
+                else:
+                    with self._lock:
+                        self.decodes.append(used)
+                    text = json.dumps({"kv": asdict(used)}, sort_keys=True)
+            if failure is not None:
+                self.handoff.failed()
+                if self.load_failure_policy == "fail":
+                    message = f"KV load failed ({failure}): kv_load_failure_policy fail"
+                    error = {"object": "error", "message": message, "code": 500}
                     return web.json_response(error, status=500)
-                with self._lock:
-                    self.decodes.append(used)
-                text = json.dumps({"kv": asdict(used)}, sort_keys=True)
-            if remote_prefill:
-                self.handoff.pulled(self.tuning, prompt)
+                remote_prefill = False  # recomputed here: an answer without the prefill's KV
             await run.first_token(prefilled_elsewhere=remote_prefill)
             await run.decode(max_tokens)
         died = self._not_serving()  # the engine died under this request (a rank was lost)

@@ -7,14 +7,17 @@ decode-only (`pdmtp_engine.handoff`); vLLM counts failed receives
 verdict can be proven against emulated pairs, and can be told to misbehave the ways a real pair
 does (`Tuning`):
 
-- `pull_failure_rate`: that fraction of pulls fails; the decode recomputes the prompt itself (vLLM's
-  recompute policy), so the request still succeeds and only the counter shows it;
+- `pull_failure_rate`: that fraction of pulls fails. What the decode does then is its
+  `--kv-transfer-config`'s `kv_load_failure_policy`, as vLLM's scheduler does: `fail` (vLLM's
+  default since 0.32) fails the request with a 500; `recompute` has the decode compute the prompt
+  itself, so the request still succeeds (without the prefill's KV) and only the counter shows it;
 - `decode_only_rate`: that fraction of remote-prefill requests is served with no prefill's KV;
 - `fixed_connector: 0`: an engine without the fixed connector: no hand-off counts, no backoff.
 
 Fractions are applied as deterministic credit (every 1/rate-th request), not a random draw, so a
 test can count what it asked for. A pull that cannot find its prefill (a stale engine id after a
-prefill restart) fails its request with a 500 as before, and is counted as a failed receive too.
+prefill restart) fails the same way. As the engine image's connector does, a pull is counted when
+it starts (`pdmtp:kv_pulled_requests`), so a failed pull is among the pulled requests too.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Literal
 from pdmtp_emulator.scheduler import Tuning, label_set
 
 Fault = Literal["fail", "decode_only"]
+LoadFailurePolicy = Literal["recompute", "fail"]
 
 COUNTERS = {
     "pulled_requests": ("pdmtp:kv_pulled_requests", "Requests that pulled a prefill's KV."),

@@ -10,6 +10,11 @@ prefill (pod, revision, MTP k) whose KV it used (see engine.py); a request count
 - cross_revision  answered, but the decode and the prefill belong to different revisions, or
                   ran different speculative token counts.
 
+With `--request-classes code=1,chat=1` each request is of a class drawn by those weights (seeded
+per client, so a run is repeatable), named in its prompt as `[class=code]`: an emulated decode
+with PDMTP_EMULATOR_CLASS_ACCEPTANCE accepts that class's share of draft tokens, so the verdict
+sees mixed traffic, as real clients' requests that draft well and poorly mix.
+
 Progress lines and a final summary are JSON on stdout; the summary is the last line.
 """
 
@@ -19,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -37,6 +43,8 @@ class Tally:
     failed: int = 0
     cross_revision: int = 0
     pairs: Counter[str] = field(default_factory=Counter)
+    classes: Counter[str] = field(default_factory=Counter)
+    """Requests sent per request class (none without --request-classes)."""
     errors: list[str] = field(default_factory=list)
     first_at: float | None = None
     last_at: float | None = None
@@ -55,6 +63,7 @@ class Tally:
             "cross_revision": self.cross_revision,
             # "decode-revision<-prefill-revision k=..": how many answers each pairing gave.
             "pairs": dict(self.pairs),
+            "classes": dict(self.classes),
             "errors": self.errors,
             "seconds": round(time.monotonic() - started, 3),
             "stopped_by": stopped_by,
@@ -92,6 +101,8 @@ async def client(
     deadline: float,
     stop: asyncio.Event,
 ) -> None:
+    classes = parse_weights(args.request_classes)
+    pick = random.Random(f"{args.seed}-{n}")
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     # force_close: a fresh connection (and Service pick) per request.
     connector = aiohttp.TCPConnector(force_close=True)
@@ -102,7 +113,12 @@ async def client(
                 break
             tally.sent += 1
             i = tally.sent
-            body = {"model": "emulated/model", "prompt": f"client {n} request {i}", "max_tokens": 4}
+            prompt = f"client {n} request {i}"
+            if classes:
+                name = pick.choices(list(classes), weights=list(classes.values()))[0]
+                tally.classes[name] += 1
+                prompt = f"[class={name}] {prompt}"
+            body = {"model": "emulated/model", "prompt": prompt, "max_tokens": args.max_tokens}
             now = time.monotonic()
             tally.first_at = tally.first_at or now
             try:
@@ -116,6 +132,17 @@ async def client(
                 tally.fail(f"{type(exc).__name__}: {exc}")
             tally.last_at = time.monotonic()
             await asyncio.sleep(args.interval)
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """`code=1,chat=3` -> the request classes and their weights ({} for "")."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, weight = item.partition("=")
+        if not sep or not name.strip() or float(weight) <= 0:
+            raise SystemExit(f"--request-classes takes NAME=WEIGHT,..., got {item!r}")
+        out[name.strip()] = float(weight)
+    return out
 
 
 async def watch_stop_file(path: str, stop: asyncio.Event) -> None:
@@ -173,6 +200,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--request-timeout", type=float, default=10.0)
     parser.add_argument("--stop-file", default="/tmp/stop")
     parser.add_argument("--progress-every", type=float, default=2.0)
+    parser.add_argument("--max-tokens", type=int, default=4, help="tokens each request asks for")
+    parser.add_argument(
+        "--request-classes",
+        default="",
+        help="NAME=WEIGHT,...: each request of a class drawn by weight, named in its prompt",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="of the request classes' draws")
     args = parser.parse_args(argv)
     summary = asyncio.run(run(args))
     print(json.dumps(summary, sort_keys=True), flush=True)

@@ -11,9 +11,14 @@ some; the step emits 1 + accepted tokens, so a lower acceptance takes more steps
 request holds its slot longer, and at the same request rate more requests run and wait, as on a
 real engine.
 
+Real traffic mixes requests that draft well (code, structured output) with requests that draft
+poorly (open chat): a request whose prompt names a class (`[class=NAME]`, which the load client
+writes) accepts at that class's rate (`class_acceptance`), any other at `acceptance_rate`.
+
 What it is not: a model of vLLM's scheduler. Time is wall-clock sleeping; a step gets slower as the
-batch fills (`batch_slowdown`), nothing else competes; the acceptance is a deterministic rate, not
-a random draw, so a test can measure it; KV usage is running / capacity, not tokens / blocks.
+batch fills (`batch_slowdown`), nothing else competes; the acceptance is a deterministic rate per
+class, not a random draw, so a test can measure it; KV usage is running / capacity, not tokens /
+blocks.
 Everything here runs on the engine's event loop; nothing in it is thread-safe.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -61,9 +67,29 @@ ENV = {
     "pull_failure_rate": "PDMTP_EMULATOR_PULL_FAILURE_RATE",
     "decode_only_rate": "PDMTP_EMULATOR_DECODE_ONLY_RATE",
     "fixed_connector": "PDMTP_EMULATOR_FIXED_CONNECTOR",
+    "class_acceptance": "PDMTP_EMULATOR_CLASS_ACCEPTANCE",
 }
 """The environment variable that sets each `Tuning` field's value at start."""
 INTEGER_FIELDS = ("max_running", "fixed_connector")
+CLASS_PATTERN = re.compile(r"\[class=([A-Za-z0-9_.-]+)\]")
+"""How a prompt names its request class."""
+
+
+def request_class(prompt: str) -> str | None:
+    """The class a prompt names (`[class=NAME]` anywhere in it), or None."""
+    found = CLASS_PATTERN.search(prompt)
+    return found.group(1) if found else None
+
+
+def parse_classes(text: str) -> tuple[tuple[str, float], ...]:
+    """`code=0.85,chat=0.55` -> the classes' acceptance, by name (ValueError if malformed)."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, rate = item.partition("=")
+        if not sep or not CLASS_PATTERN.fullmatch(f"[class={name.strip()}]"):
+            raise ValueError(f"a request class is NAME=RATE, got {item!r}")
+        out[name.strip()] = float(rate)
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -87,6 +113,10 @@ class Tuning:
     """Decode: fraction of remote-prefill requests served with no prefill's KV, 0..1."""
     fixed_connector: int = 1
     """0: an engine without the fixed connector (no hand-off counts, no backoff)."""
+    class_acceptance: tuple[tuple[str, float], ...] = ()
+    """Per request class, its fraction of draft tokens accepted (a request names its class in
+    its prompt, `[class=NAME]`); a request of no listed class takes acceptance_rate. From the
+    env as `code=0.85,chat=0.55`, over the admin endpoint as a JSON object."""
 
     def __post_init__(self) -> None:
         for name in INTEGER_FIELDS:
@@ -113,6 +143,13 @@ class Tuning:
         for name in ("acceptance_rate", "pull_failure_rate", "decode_only_rate"):
             if getattr(self, name) > 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        for name, rate in self.class_acceptance:
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ValueError(f"class {name}'s acceptance must be in [0, 1], got {rate!r}")
+
+    def acceptance_of(self, request_class: str | None) -> float:
+        """The fraction of draft tokens a request of this class accepts."""
+        return dict(self.class_acceptance).get(request_class or "", self.acceptance_rate)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Tuning:
@@ -121,6 +158,9 @@ class Tuning:
         for name, var in ENV.items():
             raw = env.get(var, "").strip()
             if not raw:
+                continue
+            if name == "class_acceptance":
+                changes[name] = parse_classes(raw)
                 continue
             try:
                 changes[name] = int(raw) if name in INTEGER_FIELDS else float(raw)
@@ -140,10 +180,17 @@ class Tuning:
             number = values.get(name)
             if isinstance(number, float) and number.is_integer():
                 values[name] = int(number)
+        classes = values.get("class_acceptance")
+        if isinstance(classes, Mapping):
+            values["class_acceptance"] = tuple(sorted(classes.items()))
+        elif isinstance(classes, str):
+            values["class_acceptance"] = parse_classes(classes)
+        elif classes is not None and not isinstance(classes, tuple):
+            raise ValueError(f"class_acceptance must be an object of rates, got {classes!r}")
         return replace(self, **values)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "class_acceptance": dict(self.class_acceptance)}
 
 
 @dataclass
@@ -267,8 +314,9 @@ class Scheduler:
         self.accepted_per_position = [0] * self.k
         self.generation_tokens = 0
         self.finished = 0
-        self._credit = 0.0
-        """Accepted tokens owed by the rate but not yet handed out (always below one)."""
+        self._credit: dict[str | None, float] = {}
+        """Per request class, accepted tokens owed by its rate but not yet handed out (always
+        below one)."""
 
     # ---- control ---------------------------------------------------------------------------
 
@@ -291,13 +339,13 @@ class Scheduler:
     # ---- a request's life ------------------------------------------------------------------
 
     @asynccontextmanager
-    async def admit(self) -> AsyncIterator[Run]:
+    async def admit(self, request_class: str | None = None) -> AsyncIterator[Run]:
         """Wait for a slot, hold it for the block; the queue time is observed once scheduled."""
         arrived = self.clock()
         await self.slots.acquire()
         try:
             self.queue_time.observe(self.clock() - arrived)
-            yield Run(self, arrived)
+            yield Run(self, arrived, request_class)
         finally:
             self.slots.release()
 
@@ -306,17 +354,19 @@ class Scheduler:
         load = min(1.0, self.slots.running / self.slots.capacity)
         return self.tuning.step_seconds * (1.0 + self.tuning.batch_slowdown * load)
 
-    def verify_drafts(self) -> int:
-        """One step's verification of k draft tokens: how many are accepted.
+    def verify_drafts(self, request_class: str | None = None) -> int:
+        """One step's verification of k draft tokens of a request of `request_class`: how many
+        are accepted.
 
-        Deterministic: the rate's share of k is added to a running credit and its whole part is
-        accepted, so over any run accepted / draft tokens is the configured rate to within one
-        token, whatever the rate was changed to along the way."""
+        Deterministic: the class's rate's share of k is added to the class's running credit and
+        its whole part is accepted, so over any run a class's accepted / draft tokens is its
+        configured rate to within one token, whatever the rate was changed to along the way."""
         if self.k == 0:
             return 0
-        self._credit += self.tuning.acceptance_rate * self.k
-        accepted = min(self.k, math.floor(self._credit + 1e-9))
-        self._credit = max(0.0, self._credit - accepted)
+        credit = self._credit.get(request_class, 0.0)
+        credit += self.tuning.acceptance_of(request_class) * self.k
+        accepted = min(self.k, math.floor(credit + 1e-9))
+        self._credit[request_class] = max(0.0, credit - accepted)
         self.drafts += 1
         self.draft_tokens += self.k
         self.accepted_tokens += accepted
@@ -384,9 +434,12 @@ class Scheduler:
 class Run:
     """A request holding a slot: its first token, then its decode steps."""
 
-    def __init__(self, scheduler: Scheduler, arrived: float) -> None:
+    def __init__(
+        self, scheduler: Scheduler, arrived: float, request_class: str | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.arrived = arrived
+        self.request_class = request_class
         self.tokens = 0
         self._last_token_at = arrived
 
@@ -407,7 +460,8 @@ class Run:
         scheduler = self.scheduler
         while self.tokens < max_tokens:
             await asyncio.sleep(scheduler.step_seconds())
-            emitted = min(1 + scheduler.verify_drafts(), max_tokens - self.tokens)
+            accepted = scheduler.verify_drafts(self.request_class)
+            emitted = min(1 + accepted, max_tokens - self.tokens)
             now = scheduler.clock()
             scheduler.inter_token_latency.observe(now - self._last_token_at)
             self._emit(emitted, now)

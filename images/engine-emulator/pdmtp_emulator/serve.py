@@ -4,7 +4,8 @@ The operator renders an engine container's args as a `vllm serve` command line a
 (PDMTP_ROLE, VLLM_HOST_IP from the downward API, VLLM_MOONCAKE_BOOTSTRAP_PORT); this reads the
 same, so the emulator image drops in where the engine image goes. What it takes from them:
 `--host`/`--port` (where to listen), `--speculative-config` (its MTP k, reported as provenance),
-`--kv-transfer-config` (its kv_role must agree with PDMTP_ROLE), `--shutdown-timeout` (on SIGTERM
+`--kv-transfer-config` (its kv_role must agree with PDMTP_ROLE; a decode's kv_load_failure_policy,
+vLLM's default fail, says what a failed pull does to its request), `--shutdown-timeout` (on SIGTERM
 it stops listening and finishes the requests it holds for up to that long, as vLLM does).
 Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored. With
 PDMTP_METRICS_PORT set it also serves the metrics-only listener the engine launcher serves there.
@@ -13,7 +14,9 @@ Its speed is the emulator's own env (scheduler.ENV; the role's `env` in a PDDepl
 PDMTP_EMULATOR_MAX_RUNNING (requests run at once, default 8), PDMTP_EMULATOR_ACCEPTANCE_RATE
 (MTP draft tokens accepted, 0..1, default 0.7), PDMTP_EMULATOR_STEP_SECONDS and
 PDMTP_EMULATOR_PREFILL_SECONDS (default 0.005 each), PDMTP_EMULATOR_BATCH_SLOWDOWN (default
-0.5); `POST /emulator/config` changes them later without a restart.
+0.5), PDMTP_EMULATOR_CLASS_ACCEPTANCE (per request class, e.g. `code=0.85,chat=0.55`: a request
+whose prompt holds `[class=code]` accepts at 0.85); `POST /emulator/config` changes them later
+without a restart.
 
 Multi-node replicas (ranks.py): the DataParallel args (`--data-parallel-size`, `-size-local`,
 `-start-rank`, `-address`, `-rpc-port`) or the TensorParallel ones (`--nnodes`, `--node-rank`,
@@ -52,6 +55,7 @@ from collections.abc import Mapping
 
 from pdmtp_emulator import ranks
 from pdmtp_emulator.engine import EngineEmulator, Identity, Role
+from pdmtp_emulator.handoff import LoadFailurePolicy
 from pdmtp_emulator.scheduler import Tuning
 
 KV_ROLES: dict[str, Role] = {"kv_producer": "prefill", "kv_consumer": "decode"}
@@ -104,6 +108,17 @@ def role_of(args: argparse.Namespace, env: Mapping[str, str]) -> Role:
     return kv_role
 
 
+def load_failure_policy(args: argparse.Namespace) -> LoadFailurePolicy:
+    """The `--kv-transfer-config`'s kv_load_failure_policy; vLLM's default (fail) without one."""
+    kv = json.loads(args.kv_transfer_config) if args.kv_transfer_config else {}
+    policy = kv.get("kv_load_failure_policy", "fail")
+    if policy not in ("recompute", "fail"):
+        raise SystemExit(
+            f"--kv-transfer-config kv_load_failure_policy {policy!r} is not one of vLLM's"
+        )
+    return "recompute" if policy == "recompute" else "fail"
+
+
 def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmulator:
     args = parse_vllm_serve(argv)
     role = role_of(args, env)
@@ -134,6 +149,7 @@ def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmul
         shutdown_timeout=args.shutdown_timeout,
         metrics_port=int(env["PDMTP_METRICS_PORT"]) if env.get("PDMTP_METRICS_PORT") else None,
         tuning=tuning,
+        load_failure_policy=load_failure_policy(args),
     )
 
 

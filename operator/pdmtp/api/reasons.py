@@ -335,7 +335,8 @@ HANDOFF_VERIFIED: Final = _reason(
     VERIFIED,
     "HandoffVerified",
     "The revision's decodes pulled the prefills' KV for enough requests, recomputed the derived "
-    "backoff, failed no pull, and accept drafts as often as the reference.",
+    "backoff, fail no more pulls than the serving revision, and the sequential test found their "
+    "accepted tokens per draft as high as the reference's.",
 )
 NO_METRICS: Final = _reason(
     VERIFIED,
@@ -361,7 +362,10 @@ AWAITING_REQUESTS: Final = _reason(
 AWAITING_DRAFTS: Final = _reason(
     VERIFIED,
     "AwaitingDrafts",
-    "Too few drafts to compare acceptance (Pending; spec.verification.minDrafts).",
+    "The evidence does not yet decide whether accepted tokens per draft regressed (Pending): "
+    "too few drafts (spec.verification.minDrafts) or scrape windows, or a sequential test not "
+    "conclusive yet (spec.verification.falseRollbackPercent and smallestRegressionPercent set "
+    "how much evidence it needs).",
     symptom="A canary or a paired roll in mode Gate waits with traffic low",
     action=(
         "The operator's probes (spec.verification.probeRequestsPerMinute) bring the verdict; "
@@ -377,20 +381,37 @@ HANDOFF_NOT_REPORTED: Final = _reason(
     symptom="A rollout rolls back, or the Verified condition is False",
     action="Use the pdmtp engine image (images/engine), whose connector applies the MTP backoff",
 )
+_READ_TRANSFER_ERRORS = (
+    "Read the decode's log for Mooncake transfer errors: a port, protocol or device that differs "
+    "between the roles, or a prefill restarted under its pairs. "
+)
 KV_PULL_FAILED: Final = _reason(
     VERIFIED,
     "KVPullFailed",
-    "A decode failed to receive a prefill's KV (Failed).",
+    "The decodes' KV receives fail more often than the serving revision's (ten times its rate "
+    "is what the test is built to catch), or than a 1 % ceiling where there is no other "
+    "revision, or most of them fail; under kvTransfer.loadFailurePolicy recompute, each failed "
+    "pull was recomputed by the decode (Failed).",
     symptom="A rollout rolls back, or the Verified condition is False on a serving revision",
-    action=(
-        "Read the decode's log for Mooncake transfer errors: a port, protocol or device that "
-        "differs between the roles, or a prefill restarted under its pairs. " + _READ_VERIFY
-    ),
+    action=_READ_TRANSFER_ERRORS + _READ_VERIFY,
+)
+KV_LOAD_FAILED: Final = _reason(
+    VERIFIED,
+    "KVLoadFailed",
+    "As KVPullFailed, under kvTransfer.loadFailurePolicy fail (vLLM's default since 0.32): each "
+    "failed pull failed its request, so clients saw the errors (Failed).",
+    symptom="Clients get errors (finish reason error, or HTTP 500 through the router), a "
+    "rollback, or Verified False",
+    action=_READ_TRANSFER_ERRORS
+    + "Set kvTransfer.loadFailurePolicy: recompute to have the decode recompute instead, at the "
+    "cost of its compute. " + _READ_VERIFY,
 )
 DECODE_ONLY_FALLBACK: Final = _reason(
     VERIFIED,
     "DecodeOnlyFallback",
-    "A decode served a request with no prefill's KV: it recomputed the whole prompt (Failed).",
+    "The decodes serve requests with no prefill's KV (recomputing the whole prompt) more often "
+    "than the serving revision, or than a 1 % ceiling where there is no other revision, or for "
+    "most requests (Failed).",
     symptom="Higher decode load and latency, a rollback, or Verified False",
     action=(
         "Check the router's P/D pairing and the kv-transfer config of both roles. " + _READ_VERIFY
@@ -407,13 +428,15 @@ BACKOFF_MISMATCH: Final = _reason(
 ACCEPTANCE_REGRESSED: Final = _reason(
     VERIFIED,
     "AcceptanceRegressed",
-    "Accepted tokens per draft fell below the serving revision's (or "
-    "spec.verification.expectedAcceptanceLength) by more than the tolerance (Failed).",
+    "A sequential test found accepted tokens per draft below the serving revision's over the "
+    "same span (or spec.verification.expectedAcceptanceLength): the evidence for a drop of "
+    "spec.verification.smallestRegressionPercent outweighs the evidence for none by "
+    "1 / (falseRollbackPercent / 4) (Failed).",
     symptom="Lower decode throughput, a rollback, or Verified False",
     action=(
         "Compare the revisions' speculative settings and checkpoints; "
         + _READ_VERIFY
-        + "; widen spec.verification.acceptanceTolerancePercent if the drop is noise"
+        + "; a drop smaller than smallestRegressionPercent that should pass: raise it"
     ),
 )
 VERIFICATION_OFF: Final = _reason(
@@ -444,7 +467,8 @@ REPLACING_POD: Final = _reason(
     EVENT,
     "ReplacingPod",
     "A serving decode's KV receives kept failing, at least as often as they succeeded "
-    "(spec.verification.replaceAfterFailedPulls): "
+    "(spec.verification.replaceAfterFailedPulls; under kvTransfer.loadFailurePolicy fail each "
+    "was a failed request): "
     "a new pod is started, and the failing one leaves its routers and goes once it is listed "
     "(a Warning).",
     symptom="A decode pod replaced while nothing changed in the spec",
@@ -510,6 +534,7 @@ WARNING_REASONS: Final = frozenset(
         ROLLED_BACK,
         HANDOFF_NOT_REPORTED,
         KV_PULL_FAILED,
+        KV_LOAD_FAILED,
         DECODE_ONLY_FALLBACK,
         BACKOFF_MISMATCH,
         ACCEPTANCE_REGRESSED,

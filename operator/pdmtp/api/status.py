@@ -62,7 +62,8 @@ class RoleStatus(Model):
 
 
 class VerificationStatus(Model):
-    """What a revision's decode pods did since they started, and the verdict on it."""
+    """What a revision's decode pods did while the operator watched them (since its first
+    scrape of each: an operator restart starts the evidence again), and the verdict on it."""
 
     verdict: Literal["Pending", "Verified", "Failed"] = Field(
         description="Pending (too little evidence), Verified or Failed."
@@ -78,14 +79,21 @@ class VerificationStatus(Model):
     )
     failed_pulls: int = Field(
         description=(
-            "KV receives that failed (the serving revision: since the previous scrape, so that "
-            "a recovered blip stops counting)."
+            "KV receives that failed (a revision that rolled out: over each decode's last "
+            "windows, so that a recovered blip stops counting)."
         )
     )
     decode_only: int = Field(
         description="Requests served with no prefill's KV (counted as failedPulls is)."
     )
     drafts: int = Field(description="MTP drafts made.")
+    windows: int | None = Field(
+        default=None,
+        description=(
+            "Scrape windows with drafts (one pod, one interval) the acceptance test rests on: "
+            "its variance is measured across them."
+        ),
+    )
     acceptance_length: float | None = Field(
         default=None, description="Accepted tokens per draft; unset before the first draft."
     )

@@ -330,6 +330,16 @@ class KVTransferSpec(Model):
             "The prefill's Mooncake bootstrap server port (`VLLM_MOONCAKE_BOOTSTRAP_PORT`)."
         ),
     )
+    load_failure_policy: Literal["recompute", "fail"] | None = Field(
+        default=None,
+        description=(
+            "What a decode does when it cannot load a prefill's KV (vLLM's "
+            "`kv_load_failure_policy`, rendered on the decode only): fail ends the request with "
+            "an error, recompute has the decode compute the prompt itself. Unset: vLLM's "
+            "default, fail since vLLM 0.32 (PR 34896), and nothing is rendered. Role-local: a "
+            "change rolls the decodes alone."
+        ),
+    )
 
 
 class RoleSpeculativeSpec(Model):
@@ -551,25 +561,55 @@ class VerificationSpec(Model):
             "judge nothing."
         ),
     )
+    false_rollback_percent: float | None = Field(
+        default=None,
+        ge=0.01,
+        le=10,
+        description=(
+            "The chance, in percent, that a healthy new revision is failed over its whole "
+            "rollout (every judgement made at every scrape, not one); unset: 1. Lower needs "
+            "more evidence before a verdict."
+        ),
+    )
+    smallest_regression_percent: int | None = Field(
+        default=None,
+        ge=1,
+        le=90,
+        description=(
+            "The smallest drop in accepted tokens per draft worth catching, in percent of the "
+            "reference (the serving revision's over the same span, else "
+            "expectedAcceptanceLength): a revision that drafts this much worse is Failed "
+            "before it can be Verified in at least 95 % of rollouts; a drop of about half of it "
+            "or less tends to pass. Smaller needs more evidence (about 1 / the square). Unset: "
+            "acceptanceTolerancePercent, whose default is 10."
+        ),
+    )
     min_requests: int = Field(
         default=8,
         ge=1,
         le=100000,
-        description="Requests whose KV a revision's decodes pulled before it can be Verified.",
+        description=(
+            "Requests whose KV a revision's decodes pulled before it can be Verified: a floor "
+            "under the statistics, which usually need more."
+        ),
     )
     min_drafts: int = Field(
         default=32,
         ge=1,
         le=1000000,
-        description="Drafts needed, on each side, before acceptance is compared.",
+        description=(
+            "Drafts needed, on each side, before acceptance is judged: a floor under the "
+            "statistics, which also need 4 scrape windows with drafts on each side."
+        ),
     )
     acceptance_tolerance_percent: int = Field(
         default=10,
         ge=0,
         le=100,
         description=(
-            "How far, in percent, accepted tokens per draft may fall below the reference (the "
-            "serving revision's, else expectedAcceptanceLength) and still pass."
+            "Deprecated: read as smallestRegressionPercent when that is unset (0 as 1, above 90 "
+            "as 90). It was a fixed tolerance on one ratio; the verdict is now a sequential test "
+            "whose effect is smallestRegressionPercent."
         ),
     )
     expected_acceptance_length: float | None = Field(
@@ -588,8 +628,9 @@ class VerificationSpec(Model):
         description=(
             "A serving decode pod whose KV receives failed at least this many times, and at "
             "least as often as they succeeded, between its two latest scrapes is replaced "
-            "(modes Rollback and Gate): a new pod first, then the failing one leaves its "
-            "routers and goes, one pod of a revision at a time. 0: never replace."
+            "(modes Rollback and Gate; under kvTransfer.loadFailurePolicy fail each was a failed "
+            "request): a new pod first, then the failing one leaves its routers and goes, one "
+            "pod of a revision at a time. 0: never replace."
         ),
     )
     probe_requests_per_minute: int = Field(
@@ -603,6 +644,21 @@ class VerificationSpec(Model):
             "router and engines are Ready. 0: send none."
         ),
     )
+
+    @property
+    def false_rollback(self) -> float:
+        """falseRollbackPercent as a fraction (its default filled in)."""
+        percent = 1.0 if self.false_rollback_percent is None else self.false_rollback_percent
+        return percent / 100
+
+    @property
+    def smallest_regression(self) -> float:
+        """smallestRegressionPercent as a fraction, else the deprecated tolerance's, within the
+        smallest regression's bounds."""
+        percent = self.smallest_regression_percent
+        if percent is None:
+            percent = min(max(self.acceptance_tolerance_percent, 1), 90)
+        return percent / 100
 
 
 class DisruptionBudgetSpec(Model):

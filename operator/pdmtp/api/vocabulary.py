@@ -144,6 +144,9 @@ it never costs capacity, and a crash-looping new revision must not hold a drain.
 
 # Defaults the API applies (the CRD's defaults are generated from the model, which reads these).
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
+VLLM_KV_LOAD_FAILURE_POLICY: Final = "fail"
+"""What the pinned vLLM does with a KV load that fails when `kv_load_failure_policy` is not set
+(`KVTransferConfig`, 0.33.0, and 0.32.0 already: PR 34896): the request fails."""
 """vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default; also what vllm-router assumes when given none."""
 ENGINE_SHUTDOWN_SECONDS: Final = 30
 """The last part of an engine pod's grace period: vLLM's own shutdown after SIGTERM."""

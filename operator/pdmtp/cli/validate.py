@@ -73,6 +73,9 @@ class FileVerdict:
     """The object judged, as read (`--server` sends the API server these very values)."""
     verification: VerificationSpec | None = None
     """How the operator will judge its revisions (spec.verification, defaults filled in)."""
+    load_failure_policy: str | None = None
+    """What its decodes do with a KV load that fails (spec.kvTransfer.loadFailurePolicy, else
+    vLLM's default)."""
 
     def as_json(self) -> dict[str, Any]:
         a = self.agreement
@@ -85,9 +88,8 @@ class FileVerdict:
             "prefillBackoff": None if a is None else a.prefill_backoff,
             "revision": self.revision,
             "reasons": [{"reason": p.reason, "message": p.message} for p in self.problems],
-            "verification": None
-            if self.verification is None
-            else self.verification.model_dump(by_alias=True, mode="json"),
+            "verification": None if self.verification is None else _knobs(self.verification),
+            "loadFailurePolicy": self.load_failure_policy,
         }
 
     def as_text(self) -> str:
@@ -102,16 +104,42 @@ class FileVerdict:
         head = f"{self.source}: {word} ({look}, "
         head += f"prefill backoff {a.prefill_backoff}, revision {self.revision})"
         judged = [] if self.verification is None else [f"  {_judged(self.verification)}"]
+        if self.load_failure_policy is not None:
+            judged.append(f"  {_load_failure(self.load_failure_policy, self.document)}")
         return "\n".join([head, *judged, *(f"  {p.line()}" for p in self.problems)])
 
 
+def _knobs(spec: VerificationSpec) -> dict[str, Any]:
+    """spec.verification with the spec's own field names, every default filled in; the
+    deprecated acceptanceTolerancePercent left out (it stands for smallestRegressionPercent)."""
+    knobs: dict[str, Any] = spec.model_dump(by_alias=True, mode="json")
+    knobs.pop("acceptanceTolerancePercent")
+    knobs["falseRollbackPercent"] = round(spec.false_rollback * 100, 6)
+    knobs["smallestRegressionPercent"] = round(spec.smallest_regression * 100)
+    return knobs
+
+
 def _judged(spec: VerificationSpec) -> str:
-    """spec.verification in a line, with the spec's own field names (defaults filled in)."""
+    """spec.verification in a line (`_knobs`)."""
     if spec.mode == "Off":
         return "verification: Off (nothing is judged)"
-    knobs = {k: val for k, val in spec.model_dump(by_alias=True).items() if k != "mode"}
+    knobs = {k: val for k, val in _knobs(spec).items() if k != "mode"}
     listed = ", ".join(f"{k} {val:g}" for k, val in knobs.items() if val is not None)
     return f"verification: {spec.mode} ({listed})"
+
+
+def _load_failure(policy: str, document: Any) -> str:
+    spec = (document or {}).get("spec") if isinstance(document, dict) else None
+    kv = (spec or {}).get("kvTransfer") if isinstance(spec, dict) else None
+    stated = isinstance(kv, dict) and "loadFailurePolicy" in kv
+    what = (
+        "a KV load that fails fails its request"
+        if policy == "fail"
+        else "a KV load that fails is recomputed by the decode"
+    )
+    return f"decode kv_load_failure_policy: {policy} ({what}" + (
+        ")" if stated else "; unset: vLLM's default)"
+    )
 
 
 def validate_file(path: str) -> list[FileVerdict]:
@@ -143,6 +171,7 @@ def validate_file(path: str) -> list[FileVerdict]:
                 verdict.problems,
                 doc,
                 verdict.pdd.spec.effective_verification,
+                verdict.pdd.spec.kv_transfer.load_failure_policy or v.VLLM_KV_LOAD_FAILURE_POLICY,
             )
         )
     return verdicts

@@ -62,6 +62,7 @@ FIELD_GROUPS: Mapping[str, Group] = {
     "kvTransfer.protocol": "compat",
     "kvTransfer.deviceNames": "compat",
     "kvTransfer.bootstrapPort": "compat",
+    "kvTransfer.loadFailurePolicy": "role",
     "<role>.replicas": "unhashed",
     "<role>.tensorParallelSize": "compat",
     "<role>.pipelineParallelSize": "compat",
@@ -90,7 +91,9 @@ FIELD_GROUPS: Mapping[str, Group] = {
 }
 """`rollout` is unhashed whole, drainSeconds included: it times the operator's drain of a retiring
 revision and reaches no pod (an engine pod's own grace period is role-local:
-`pod.terminationGracePeriodSeconds`)."""
+`pod.terminationGracePeriodSeconds`). `kvTransfer.loadFailurePolicy` is role-local although it sits
+with the compat transfer settings: only the decode loads KV, so the prefill need not agree with it,
+and a change rolls the decodes alone (docs/design.md, "Revisions")."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ class RoleLocal:
     """The RDMA devices the role names: its own, else spec.kvTransfer.deviceNames."""
     devices_overridden: bool
     """The role names its own devices (only then are they role-local; the shared list is compat)."""
+    load_failure_policy: str | None = None
+    """What the role's engine does with a KV load that fails (the decode's alone: a prefill loads
+    none); None leaves vLLM's default."""
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,7 @@ def _engine_role(spec: PDDeploymentSpec, name: EngineRole) -> EngineRoleSettings
             own_devices if own_devices is not None else spec.kv_transfer.device_names
         ),
         devices_overridden=own_devices is not None,
+        load_failure_policy=spec.kv_transfer.load_failure_policy if name == "decode" else None,
     )
     return EngineRoleSettings(name, compat, local, role.replicas)
 

@@ -55,7 +55,8 @@ def compat_settings(eff: Effective) -> dict[str, Any]:
         "model": model,
         "engine": _dump(shared.engine),
         "speculative": None if shared.speculative is None else _dump(shared.speculative),
-        "kvTransfer": _dump(shared.kv_transfer),
+        # loadFailurePolicy is the decode's alone (`role_settings`).
+        "kvTransfer": _dump(shared.kv_transfer, exclude={"load_failure_policy"}),
         "roles": roles,
     }
 
@@ -83,6 +84,7 @@ def role_settings(role: EngineRoleSettings) -> dict[str, Any]:
         "pod": _dump(local.pod, exclude_none=True),
         "deviceNames": list(local.device_names) if local.devices_overridden else None,
         "placement": _dump(local.placement, exclude_none=True) if local.placement else None,
+        "loadFailurePolicy": local.load_failure_policy,
     }
     settings.update({k: val for k, val in later.items() if val})
     return settings

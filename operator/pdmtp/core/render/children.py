@@ -74,12 +74,15 @@ def kv_transfer_config(shared: Shared, role: EngineRoleSettings) -> Manifest:
     extra: dict[str, Any] = {"mooncake_protocol": shared.kv_transfer.protocol}
     if role.local.device_names:
         extra["mooncake_device_name"] = ",".join(role.local.device_names)
-    return {
+    config: dict[str, Any] = {
         "kv_connector": v.CONNECTOR_CLASS,
         "kv_connector_module_path": v.CONNECTOR_MODULE,
         "kv_role": KV_ROLES[role.name],
         "kv_connector_extra_config": extra,
     }
+    if role.local.load_failure_policy is not None:  # unset: vLLM's default, as before
+        config["kv_load_failure_policy"] = role.local.load_failure_policy
+    return config
 
 
 def speculative_config(shared: Shared, role: EngineRoleSettings) -> Manifest | None:

@@ -44,6 +44,7 @@ from pdmtp.core.objects import (
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.render.children import owner_reference
 from pdmtp.core.scaling import autoscaler as a
+from pdmtp.core.windows import Window, record
 
 Obj = Mapping[str, Any]
 
@@ -53,10 +54,19 @@ EARLY_SECONDS = 0.5
 
 @dataclass(frozen=True)
 class PodMetrics:
-    """A pod's two latest scrapes, as the shell's metrics source holds them."""
+    """A pod's two latest scrapes, as the shell's metrics source holds them, and its counters'
+    windows since the operator first scraped it (`core.windows`: the verdict's evidence)."""
 
     latest: Scrape | None = None
     previous: Scrape | None = None
+    windows: tuple[Window, ...] = ()
+
+    def scraped(self, scrape: Scrape) -> PodMetrics:
+        """These metrics after a new scrape; unchanged by one no newer than the latest (a file
+        not rewritten)."""
+        if self.latest is not None and scrape.at <= self.latest.at:
+            return self
+        return PodMetrics(scrape, self.latest, record(self.windows, self.latest, scrape))
 
 
 @dataclass(frozen=True)

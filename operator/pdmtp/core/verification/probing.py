@@ -8,6 +8,11 @@ which spreads over every serving revision), at most `spec.verification.probeRequ
 at a time. A revision whose router, prefill or decode is not Ready gets none: a probe must never
 be the first request a half-started revision sees, nor count as its failure.
 
+A revision being rolled to is judged against the serving revision over the same span
+(`core.verification.revisions`): were only one of them probed, a probe's prompt (which drafts as
+it drafts, not as the clients' traffic does) would weigh on one side of the comparison alone. So
+while any other revision awaits, the current revision is probed at the same rate.
+
 Pure: the PDDeployment's spec and status, its pods, when each revision was last probed, and the
 clock in; the probes due out. The shell sends them (`pdmtp.probe`).
 """
@@ -55,6 +60,16 @@ def awaiting(status: Obj) -> list[str]:
     return out
 
 
+def probed(status: Obj) -> list[str]:
+    """The revisions to probe: those awaiting (`awaiting`), and the current revision while
+    another awaits (the reference it is compared with draws on the same probes)."""
+    waiting = awaiting(status)
+    current = status.get("currentRevision")
+    if current and waiting and current not in waiting:
+        return [*waiting, str(current)]
+    return waiting
+
+
 def due(
     spec: VerificationSpec,
     model: str,
@@ -63,13 +78,13 @@ def due(
     last: Mapping[str, float],
     now: float,
 ) -> list[Probe]:
-    """The probes to send now: one per awaiting, Ready revision whose last probe (`last`, by
-    revision) is at least a minute / probeRequestsPerMinute ago."""
+    """The probes to send now: one per Ready revision to probe (`probed`) whose last probe
+    (`last`, by revision) is at least a minute / probeRequestsPerMinute ago."""
     if spec.mode == "Off" or spec.probe_requests_per_minute == 0:
         return []
     every = 60.0 / spec.probe_requests_per_minute
     out = []
-    for revision in awaiting(status):
+    for revision in probed(status):
         if now - last.get(revision, float("-inf")) < every:
             continue
         mine = [p for p in pods if labels_of(p).get(v.LABEL_REVISION) == revision]

@@ -1,15 +1,21 @@
 """Each revision's verdict from what its decode pods reported, and what the verdict holds back.
 
-`verdicts` sums every revision's decode pods (a multi-node group through its leader, the only
-rank that serves and reports) over their lifetime and judges it (`core.verification.verdict`); a
-revision that rolled out (alone, or older than the one the spec rolls to) counts its failed and
-decode-only pulls only since the previous scrape (it is judged on whether it still hands KV
-over, not on a blip it recovered from). A revision
-against the most established other revision that serves, the serving revision against the
-spec's expected acceptance alone, and so a revision that drafts differently from the serving
-one (accepted tokens per draft grow with numSpeculativeTokens). The backoff a revision is held
-to is the one its own decode pods were started with (their `PDMTP_EXPECTED_PREFILL_BACKOFF`):
-an old revision is judged by the lookahead it was rendered for, not by the spec's.
+`verdicts` judges every revision on its decode pods' windows (`core.windows`; a multi-node group
+through its leader, the only rank that serves and reports), `core.verification.verdict`:
+
+- the revision the spec rolls to, beside others, on every window its decodes have: its failed
+  and decode-only pulls against the most established serving revision's over the same span (from
+  the rolled-to revision's first window on), its acceptance against that revision's where both
+  draft alike (accepted tokens per draft grow with numSpeculativeTokens), else against the spec's
+  expected acceptance;
+- a revision that rolled out (alone, or older than the one rolled to) on whether it still hands
+  KV over: its failed and decode-only pulls over each decode's last windows against an absolute
+  ceiling (so a recovered blip stops counting), its acceptance against the spec's expected value.
+
+The backoff a revision is held to is the one its own decode pods were started with (their
+`PDMTP_EXPECTED_PREFILL_BACKOFF`), and the failure policy the one their `--kv-transfer-config`
+names (vLLM's default, fail, where it names none): an old revision is judged by what it was
+rendered with, not by the spec.
 
 `gate` turns the spec's mode and the update revision's verdict into what the rollout does: fail
 (roll back) on Failed, hold the old revision and an auto-promoting canary until Verified.
@@ -23,8 +29,8 @@ and the revision's Verified condition and the alert already say so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from pdmtp.api import vocabulary as v
@@ -43,24 +49,33 @@ from pdmtp.core.rollout.steering import Gate
 from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.verdict import (
     Handoff,
+    LoadFailurePolicy,
     Outcome,
+    Reference,
     Rules,
     Verdict,
+    evidence,
     judge,
-    lifetime,
     recent,
+    started,
 )
 
 Obj = Mapping[str, Any]
 
 
-def rules_of(spec: VerificationSpec, expected_backoff: int | None) -> Rules:
+def rules_of(
+    spec: VerificationSpec,
+    expected_backoff: int | None,
+    load_failure_policy: LoadFailurePolicy = "fail",
+) -> Rules:
     return Rules(
         expected_backoff=expected_backoff,
+        false_rollback=spec.false_rollback,
+        smallest_regression=spec.smallest_regression,
         min_requests=spec.min_requests,
         min_drafts=spec.min_drafts,
-        acceptance_tolerance=spec.acceptance_tolerance_percent / 100,
         expected_acceptance=spec.expected_acceptance_length,
+        load_failure_policy=load_failure_policy,
     )
 
 
@@ -89,11 +104,26 @@ def expected_backoff(decode_pods: Iterable[Obj]) -> int | None:
 
 def speculative_config(decode_pods: Iterable[Obj]) -> str | None:
     """The `--speculative-config` the pods were started with (the first that has one)."""
+    return _flag(decode_pods, "--speculative-config")
+
+
+def load_failure_policy(decode_pods: Iterable[Obj]) -> LoadFailurePolicy:
+    """What the pods do with a failed KV load: their `--kv-transfer-config`'s
+    kv_load_failure_policy (the first pod that has the flag), else vLLM's default, fail."""
+    config = _flag(decode_pods, "--kv-transfer-config")
+    try:
+        policy = json.loads(config or "{}").get("kv_load_failure_policy")
+    except (ValueError, AttributeError):
+        policy = None
+    return "recompute" if policy == "recompute" else v.VLLM_KV_LOAD_FAILURE_POLICY
+
+
+def _flag(decode_pods: Iterable[Obj], flag: str) -> str | None:
     for pod in decode_pods:
         for container in (pod.get("spec") or {}).get("containers") or []:
             args = [str(a) for a in container.get("args") or []]
-            if "--speculative-config" in args[:-1]:
-                return args[args.index("--speculative-config") + 1]
+            if flag in args[:-1]:
+                return args[args.index(flag) + 1]
     return None
 
 
@@ -110,38 +140,33 @@ def verdicts(
         return {}
     serving = [s for s in states if s.serving]
     anchor = max(serving, key=establishment).revision if serving else None
-    handoffs: dict[str, Handoff] = {}
-    backoffs: dict[str, int | None] = {}
-    drafting: dict[str, str | None] = {}
-    for s in states:
-        decodes = _reporting_decodes(pods, s.revision)
-        scraped = [m for p in decodes if (m := metrics.get(name_of(p)))]
-        handoffs[s.revision] = lifetime(scraped)
-        if len(states) == 1 or s.revision != update:
-            # A revision that rolled out (alone, or older than the one rolled to) proved itself
-            # then; now the question is whether it still hands KV over. Its failures count since
-            # the previous scrape, so a crashed prefill (the pulls in flight to it) stops
-            # counting after one clean scrape. The revision rolled to answers for all of them.
-            window = recent(scraped)
-            handoffs[s.revision] = replace(
-                handoffs[s.revision], failed=window.failed, decode_only=window.decode_only
-            )
-        backoffs[s.revision] = expected_backoff(decodes)
-        drafting[s.revision] = speculative_config(decodes)
-
-    def reference(revision: str) -> Handoff | None:
-        # Accepted tokens per draft grow with the tokens drafted: a revision is compared with
-        # the serving one only where both draft alike (else with expectedAcceptanceLength).
-        if anchor is None or revision == anchor or drafting[revision] != drafting[anchor]:
-            return None
-        return handoffs[anchor]
-
-    return {
-        s.revision: judge(
-            handoffs[s.revision], reference(s.revision), rules_of(spec, backoffs[s.revision])
-        )
-        for s in states
+    decodes = {s.revision: _reporting_decodes(pods, s.revision) for s in states}
+    scraped = {
+        revision: [m for p in mine if (m := metrics.get(name_of(p)))]
+        for revision, mine in decodes.items()
     }
+    out: dict[str, Verdict] = {}
+    for s in states:
+        mine = scraped[s.revision]
+        rules = rules_of(
+            spec, expected_backoff(decodes[s.revision]), load_failure_policy(decodes[s.revision])
+        )
+        if len(states) == 1 or s.revision != update:
+            # A revision that rolled out proved itself then; now the question is whether it
+            # still hands KV over: its last windows, so a crashed prefill (the pulls in flight
+            # to it) stops counting once clean windows follow.
+            out[s.revision] = judge(evidence(mine), None, rules, failures=recent(mine))
+            continue
+        reference = None
+        if anchor is not None and anchor != s.revision:
+            # The serving revision over the same span: traffic that changes over the day
+            # changes both alike. Its first window is its life before the operator saw it.
+            since = started(mine)
+            theirs = evidence(scraped[anchor], since, first=False)
+            alike = speculative_config(decodes[s.revision]) == speculative_config(decodes[anchor])
+            reference = Reference(theirs, alike)
+        out[s.revision] = judge(evidence(mine), reference, rules)
+    return out
 
 
 def gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:
@@ -201,13 +226,19 @@ def replacements(
         ):
             continue
         scrapes = metrics.get(name_of(pod))
-        window = recent([scrapes]) if scrapes is not None else Handoff()
+        window = recent([scrapes], last=1) if scrapes is not None else Handoff()
+        succeeded = window.exposure - window.failed
         # Most of its pulls failed, not a few among many: a peer that crashed costs the pulls
         # in flight to it, and its routers move on; a decode that cannot pull keeps failing.
-        if window.failed >= spec.replace_after_failed_pulls and window.failed >= window.requests:
+        if window.failed >= spec.replace_after_failed_pulls and window.failed >= succeeded:
+            failing = (
+                "each failed its request"
+                if load_failure_policy([pod]) == "fail"
+                else "each recomputed by the decode"
+            )
             out[name_of(pod)] = (
-                f"{window.failed:g} KV receive(s) failed and {window.requests:g} succeeded "
-                f"between its two latest scrapes (replaceAfterFailedPulls "
+                f"{window.failed:g} KV receive(s) failed ({failing}) and {succeeded:g} "
+                f"request(s) went well between its two latest scrapes (replaceAfterFailedPulls "
                 f"{spec.replace_after_failed_pulls})"
             )
             busy.add(revision)
@@ -229,5 +260,6 @@ def as_status(verdict: Verdict) -> VerificationStatus:
         failed_pulls=round(h.failed),
         decode_only=round(h.decode_only),
         drafts=round(h.drafts),
+        windows=round(h.sample.windows),
         acceptance_length=None if acceptance is None else round(acceptance, 3),
     )
