@@ -35,6 +35,7 @@ BASE["spec"]["autoscaling"] = {
     "decode": {**_TARGETS, "targets": [{"signal": "kvCacheUsage", "value": 0.8}]},
     "ratio": {"min": 0.25, "max": 2},
 }
+BASE["spec"]["verification"] = {"falseRollbackPercent": 1}
 
 
 def fractional_bounds(schema: dict[str, Any], at: Path_ = ()) -> Iterator[tuple[Path_, float]]:

@@ -34,8 +34,8 @@ def seeds() -> list[Doc]:
         doc["metadata"].pop("namespace", None)
         out.append(doc)
     autoscaled = pdd("fuzz").mtp(3, modules=3).dict()
-    # Every number field with a fractional bound (the API server truncates such a bound for an
-    # integer value, issue 52) sits under spec.autoscaling, which no sample sets.
+    # Number fields with a fractional bound (the API server truncates such a bound for an integer
+    # value, issue 52) sit under spec.autoscaling and spec.verification, which no sample sets.
     autoscaled["spec"]["autoscaling"] = {
         "prefill": {
             "minReplicas": 1,
@@ -49,6 +49,10 @@ def seeds() -> list[Doc]:
             "targets": [{"signal": "kvCacheUsage", "value": 0.8}],
         },
         "ratio": {"min": 0.25, "max": 2},
+    }
+    autoscaled["spec"]["verification"] = {
+        "falseRollbackPercent": 1,
+        "smallestRegressionPercent": 10,
     }
     out += [
         autoscaled,
