@@ -15,7 +15,10 @@ operator in the cluster from the engines' own metrics (it scrapes each decode's 
    itself.
 
 Steps 2 to 4 change model.revision (a new revision the emulator does not care about) and the
-decode's emulator knobs (`PDMTP_EMULATOR_*`) in one patch.
+decode's emulator knobs (`PDMTP_EMULATOR_*`) in one patch. The decodes recompute a prompt whose
+KV pull failed (`kvTransfer.loadFailurePolicy: recompute`; vLLM's default, fail, would fail the
+request instead), so every request is answered and the load client counts the ones without the
+prefill's KV.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def spec_for(kind: Kind) -> dict[str, Any]:
         pdd(NAME)
         .set(image=kind.images.emulator, model={"name": kind.images.engine_model})
         .mtp(3, modules=3, method="deepseek_mtp")
+        .set(kvTransfer={"loadFailurePolicy": "recompute"})
         .router(image=kind.images.router)
         .rollout(
             maxSurge=1,
