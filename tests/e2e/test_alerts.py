@@ -231,10 +231,11 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
         ns,
     )
     # blind: the decode's emulator serves its metrics on another port than the one the operator
-    # scrapes (the later of two env entries wins), so the autoscaler reads nothing from it.
+    # scrapes (the emulator's own knob: PDMTP_METRICS_PORT is the operator's, refused in a
+    # role's env), so the autoscaler reads nothing from it.
     kind.apply(
         spec(kind, "blind")
-        .decode(env=[{"name": "PDMTP_METRICS_PORT", "value": "29199"}])
+        .decode(env=[{"name": "PDMTP_EMULATOR_METRICS_PORT", "value": "29199"}])
         .set(
             autoscaling={
                 "decode": {
