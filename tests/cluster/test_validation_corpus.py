@@ -134,6 +134,13 @@ CASES = [
         "env must not set VLLM_HOST_IP",
     ),
     Case(
+        # It was not refused once: the operator's entry and the user's made two of one name,
+        # which server-side apply refuses, and the role's Deployment was never written.
+        "env moves the metrics port the operator scrapes",
+        setter("spec.decode.env", [{"name": "PDMTP_METRICS_PORT", "value": "29199"}]),
+        "PDMTP_METRICS_PORT",
+    ),
+    Case(
         "extraArgs set an owned flag",
         setter("spec.prefill.extraArgs", ["--block-size=32"]),
         "a role's extraArgs must not set flags owned by typed fields",

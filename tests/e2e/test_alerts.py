@@ -23,6 +23,9 @@ slowest alert's:
   refused     its Service refused by a quota             PDMTPChildWritesRefused
   unverified  its decode lacks the fixed connector        PDMTPHandoffUnverified
               (exports no hand-off counts)               (HandoffNotReported)
+  lossy       its decode fails every KV pull, under      PDMTPKVLoadsFailRequests
+              loadFailurePolicy fail (vLLM's default):   (KVLoadFailed)
+              the operator's own probes are the traffic
 
 Before any is broken, the serving ones fire nothing. Not provoked here (see the module's
 NOT_PROVOKED): the operator-level alerts need the operator itself broken.
@@ -228,10 +231,11 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
         ns,
     )
     # blind: the decode's emulator serves its metrics on another port than the one the operator
-    # scrapes (the later of two env entries wins), so the autoscaler reads nothing from it.
+    # scrapes (the emulator's own knob: PDMTP_METRICS_PORT is the operator's, refused in a
+    # role's env), so the autoscaler reads nothing from it.
     kind.apply(
         spec(kind, "blind")
-        .decode(env=[{"name": "PDMTP_METRICS_PORT", "value": "29199"}])
+        .decode(env=[{"name": "PDMTP_EMULATOR_METRICS_PORT", "value": "29199"}])
         .set(
             autoscaling={
                 "decode": {
@@ -251,6 +255,17 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
     kind.apply(
         spec(kind, "unverified")
         .decode(env=[{"name": "PDMTP_EMULATOR_FIXED_CONNECTOR", "value": "0"}])
+        .dict(),
+        ns,
+    )
+    # lossy: every KV pull of its decode fails and, under the default loadFailurePolicy (fail),
+    # fails its request. No client sends anything: the operator's probes (a verdict awaiting
+    # requests) are the failed requests. Replacing the failing decode is off, so the one pod's
+    # counts keep the verdict where it is.
+    kind.apply(
+        spec(kind, "lossy")
+        .decode(env=[{"name": "PDMTP_EMULATOR_PULL_FAILURE_RATE", "value": "1"}])
+        .set(verification={"replaceAfterFailedPulls": 0})
         .dict(),
         ns,
     )
@@ -284,6 +299,7 @@ def each_alert_fires_in_its_scenario(kind: Kind, alerting: Alerting) -> None:
         name="unverified",
         reason="HandoffNotReported",
     )
+    alerting.wait_firing("PDMTPKVLoadsFailRequests", start, namespace=ns, name="lossy")
 
     every = {str(r["alert"]) for g in alerting.rules["groups"] for r in g["rules"] if "alert" in r}
     table = "\n".join(

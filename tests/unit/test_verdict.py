@@ -325,6 +325,18 @@ def test_acceptance_evidence_points_the_right_way() -> None:
     assert acceptance_llr(worse, 1.5, 0.1) > acceptance_llr(worse, r, 0.1)  # a known reference
 
 
+@pytest.mark.parametrize("reference", ["serving revision", "expected value"])
+def test_a_drafter_that_accepts_almost_nothing_is_failed(reference: str) -> None:
+    """The worst regression is the surest: 1 token in 80 drafts against 3 per draft. Measured
+    against the candidate's own near-zero ratio its variance had no bound, and a drafter
+    accepting 0.008 per draft stayed Pending on the CPU tier's real engines."""
+    broken = ratio_sample([windows(9, drafts=8, accepted=(0, 0, 1, 0, 0, 0, 0, 0, 0))])
+    serving = ratio_sample([windows(9, drafts=8, accepted=(24,))])
+    against: RatioSample | float = serving if reference == "serving revision" else 3.0
+    llr = acceptance_llr(broken, against, 0.1)
+    assert llr >= stats.fail_at(0.01 * stats.ALPHA_SHARES["acceptance"]), llr
+
+
 # ---- properties -------------------------------------------------------------------------------
 
 

@@ -97,7 +97,7 @@ def test_a_judge_that_assumes_its_variance_fails_this_check(
     model of acceptance would assume) instead of the windows' measured one fails healthy
     rollouts of mixed traffic far more often than 1 %."""
 
-    def assumed(s: RatioSample) -> float:
+    def assumed(s: RatioSample, scale: float | None = None) -> float:
         return 0.25 / s.drafts
 
     monkeypatch.setattr(statistics, "relative_variance", assumed)

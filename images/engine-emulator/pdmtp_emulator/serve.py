@@ -8,7 +8,9 @@ same, so the emulator image drops in where the engine image goes. What it takes 
 vLLM's default fail, says what a failed pull does to its request), `--shutdown-timeout` (on SIGTERM
 it stops listening and finishes the requests it holds for up to that long, as vLLM does).
 Everything else vLLM would use (model, dtype, parallelism) is accepted and ignored. With
-PDMTP_METRICS_PORT set it also serves the metrics-only listener the engine launcher serves there.
+PDMTP_METRICS_PORT set it also serves the metrics-only listener the engine launcher serves there;
+PDMTP_EMULATOR_METRICS_PORT moves that listener elsewhere (a decode the operator cannot scrape:
+PDMTP_METRICS_PORT is the operator's, refused in a role's env).
 
 Its speed is the emulator's own env (scheduler.ENV; the role's `env` in a PDDeployment):
 PDMTP_EMULATOR_MAX_RUNNING (requests run at once, default 8), PDMTP_EMULATOR_ACCEPTANCE_RATE
@@ -147,10 +149,16 @@ def engine_from(argv: list[str], env: Mapping[str, str], pod: str) -> EngineEmul
         pull_kv=True,
         record_requests=False,
         shutdown_timeout=args.shutdown_timeout,
-        metrics_port=int(env["PDMTP_METRICS_PORT"]) if env.get("PDMTP_METRICS_PORT") else None,
+        metrics_port=metrics_port(env),
         tuning=tuning,
         load_failure_policy=load_failure_policy(args),
     )
+
+
+def metrics_port(env: Mapping[str, str]) -> int | None:
+    """The metrics-only listener's port: the emulator's own knob, else the operator's."""
+    port = env.get("PDMTP_EMULATOR_METRICS_PORT") or env.get("PDMTP_METRICS_PORT")
+    return int(port) if port else None
 
 
 async def run(

@@ -127,15 +127,17 @@ def ratio_sample(pods: Iterable[Sequence[Window]]) -> RatioSample:
     return total
 
 
-def relative_variance(s: RatioSample) -> float:
-    """Var(ratio) / ratio^2: the linearised cluster variance of a ratio estimator, with the
-    lag-1 covariance of a pod's windows (a request that spans a scrape is in both); never below
-    half the variance without it (a negative covariance estimate is noise)."""
+def relative_variance(s: RatioSample, scale: float | None = None) -> float:
+    """Var(ratio) / scale^2 (scale: the sample's own ratio by default): the linearised cluster
+    variance of a ratio estimator, with the lag-1 covariance of a pod's windows (a request that
+    spans a scrape is in both); never below half the variance without it (a negative covariance
+    estimate is noise)."""
     r = s.accepted / s.drafts
     plain = s.accepted_sq - 2 * r * s.accepted_drafts + r * r * s.drafts_sq
     lagged = plain + 2 * (s.lag_accepted - r * s.lag_cross + r * r * s.lag_drafts)
     kept = _larger(lagged, plain / 2)
-    measured = s.windows / (s.windows - 1) * kept / (s.accepted * s.accepted)
+    scaled = s.accepted if scale is None else scale * s.drafts
+    measured = s.windows / (s.windows - 1) * kept / (scaled * scaled)
     return _larger(measured, DRAFT_VARIANCE_FLOOR / s.drafts)
 
 
@@ -148,10 +150,15 @@ def acceptance_llr(candidate: RatioSample, reference: RatioSample | float, drop:
     """log LR of "the candidate accepts (1 - drop) times the reference's tokens per draft"
     against "as many": `reference` is the serving revision's sample over the same span, or an
     expected value (known, no variance)."""
-    vc = relative_variance(candidate)
+    against = reference.ratio if isinstance(reference, RatioSample) else reference
+    # The candidate's variance relative to the reference's ratio, the scale of both hypotheses:
+    # relative to its own, a candidate that accepts almost nothing would have a variance without
+    # bound and never be judged (a drafter that accepted 0.008 tokens per draft against 3.0 was
+    # left Pending on the CPU tier's real engines).
+    vc = relative_variance(candidate, against)
     if isinstance(reference, RatioSample):
         vr = relative_variance(reference)
-        theta = candidate.ratio / reference.ratio
+        theta = candidate.ratio / against
         df = (
             (vc + vr)
             * (vc + vr)
@@ -159,7 +166,7 @@ def acceptance_llr(candidate: RatioSample, reference: RatioSample | float, drop:
         )
     else:
         vr = 0.0 * vc
-        theta = candidate.ratio / reference
+        theta = candidate.ratio / against
         df = candidate.windows - 1
     variance = (vc + vr) * (1 + SMALL_SAMPLE / df)
     return drop * (1 - drop / 2 - theta) / variance
