@@ -130,6 +130,22 @@ test-pd-cpu: venv ## CPU P/D tier: real vLLM prefill + decode over Mooncake TCP 
 	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" $(LOOPBACK_NETNS) \
 	  "$$PD_CPU_PY" -m pytest tests/pd_cpu -q -p no:cacheprovider -c tests/pd_cpu/pytest.ini
 
+# The accuracy table of docs/benchmarks.md ("MTP acceptance through the connector"): every drafter
+# distance, k and pairing (~80 min); ACCURACY_ARGS narrows it (--distance 2 --k 3 --json F).
+.PHONY: pd-cpu-accuracy
+pd-cpu-accuracy: venv ## MTP acceptance, one engine against every P/D pairing, on real vLLM (CPU)
+	PD_CPU_PY="$$(hack/pd-cpu-venv.sh)/bin/python" && \
+	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" $(LOOPBACK_NETNS) \
+	  "$$PD_CPU_PY" tests/pd_cpu/accuracy_table.py $(ACCURACY_ARGS)
+
+# docs/design.md, "MTP acceptance through the hand-off": the stock decode's empty draft round is
+# vLLM's one-token padding (a decode with it switched off; ~10 min).
+.PHONY: pd-cpu-padding-experiment
+pd-cpu-padding-experiment: venv ## The stock decode with and without vLLM's one-token padding
+	PD_CPU_PY="$$(hack/pd-cpu-venv.sh)/bin/python" && \
+	PDMTP_OPERATOR_PYTHON="$(abspath $(PY))" $(LOOPBACK_NETNS) \
+	  "$$PD_CPU_PY" tests/pd_cpu/padding_experiment.py
+
 .PHONY: test-cluster
 # The tier waits on controllers far more than it computes: CLUSTER_WORKERS pytest workers (xdist),
 # each with a control plane of its own, take whole files (--dist loadfile keeps a file's module

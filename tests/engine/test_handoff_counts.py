@@ -63,17 +63,20 @@ def counts(payload: dict[str, Any] | None) -> dict[str, list[int]]:
     return {key: payload[key] for key in COUNTERS}
 
 
-@pytest.mark.parametrize(("k", "backoff"), [(2, 1), (3, 2)])
-def test_a_pull_counts_its_tokens_and_the_backoff_the_decode_recomputes(
-    checkpoint: Path, k: int, backoff: int
+@pytest.mark.parametrize(("k", "backoff", "refresh"), [(1, 0, 2), (2, 1, 2), (3, 2, 3)])
+def test_a_pull_counts_its_tokens_the_backoff_and_the_refresh_the_decode_recomputes(
+    checkpoint: Path, k: int, backoff: int, refresh: int
 ) -> None:
+    """Backoff: the tokens the prefill stopped short of (the derived backoff, what the verdict
+    holds it to); refresh: the prefill's last computed tokens, rebuilt for the drafter."""
     scheduler = decode_scheduler(checkpoint, k)
     for n in (PROMPT_LEN, PROMPT_LEN + 7):
         scheduler.add_request(make_request(n, kv_transfer_params=remote_prefill_params(f"x{n}")))
     assert counts(step_payload(scheduler)) == {
         "pulled_requests": [1, 1],
-        "pulled_tokens": [PROMPT_LEN - backoff, PROMPT_LEN + 7 - backoff],
+        "pulled_tokens": [PROMPT_LEN - backoff - refresh, PROMPT_LEN + 7 - backoff - refresh],
         "backoff_tokens": [backoff, backoff],
+        "refreshed_tokens": [refresh, refresh],
         "decode_only_requests": [],
     }
     # Counted once: the next step (the requests still waiting for their KV) adds nothing.
@@ -90,6 +93,7 @@ def test_requests_a_decode_serves_without_a_prefill_are_decode_only(checkpoint: 
         "pulled_requests": [],
         "pulled_tokens": [],
         "backoff_tokens": [],
+        "refreshed_tokens": [],
         "decode_only_requests": [1, 1],
     }
 
@@ -109,9 +113,9 @@ def test_a_worker_payload_merges_both_ways() -> None:
     worker = HandoffStats()
     worker.record_failed_recv()
     scheduler_half = HandoffStats()
-    scheduler_half.record_pull(38, 2)
+    scheduler_half.record_pull(35, backoff_tokens=2, refreshed_tokens=3)
     merged = worker.clone_and_reset().aggregate(scheduler_half.clone_and_reset())
-    assert merged.data["num_failed_recvs"] == [1] and merged.data["pulled_tokens"] == [38]
+    assert merged.data["num_failed_recvs"] == [1] and merged.data["pulled_tokens"] == [35]
     stock = MooncakeKVConnectorStats()
     stock.record_failed_recv()
     rebuilt = BackoffMooncakeConnector.build_kv_connector_stats(stock.clone_and_reset().data)
@@ -151,7 +155,8 @@ def test_the_api_server_exports_them_as_counters(checkpoint: Path) -> None:
         return registry.get_sample_value(name, labels)
 
     assert value("pdmtp:kv_pulled_requests_total") == 3
-    assert value("pdmtp:kv_pulled_tokens_total") == 3 * (PROMPT_LEN - 2)
+    assert value("pdmtp:kv_pulled_tokens_total") == 3 * (PROMPT_LEN - 2 - 3)
     assert value("pdmtp:kv_backoff_tokens_total") == 3 * 2
+    assert value("pdmtp:kv_refreshed_tokens_total") == 3 * 3
     assert value("pdmtp:kv_decode_only_requests_total") == 1
     assert value("vllm:mooncake_num_failed_recvs_total") == 1

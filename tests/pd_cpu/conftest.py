@@ -6,11 +6,13 @@ holding only loopback: vLLM binds its Mooncake bootstrap server and transfer eng
 address, with no option to narrow them, and there they can only ever be reached over lo.
 
 What runs is the product's own wiring: `pdmtp render` of a 1P+1D PDDeployment serving a tiny
-MiMo MTP checkpoint the tier generates from a seed, each engine started by the engine image's
-launcher with the rendered args and env (wiring.py lists the loopback substitutions), requests
-through the real vllm-router 0.1.17 with the arguments the operator gives it. A reference engine
-(one `vllm serve` with the same engine settings, no P/D and no speculation) gives the greedy
-outputs the pair must reproduce token for token.
+MiMo MTP checkpoint the tier builds (lookback_mimo.py: its drafts are right by construction, so
+one engine accepts every one), each engine started by the engine image's launcher with the
+rendered args and env (wiring.py lists the loopback substitutions), requests through the real
+vllm-router 0.1.17 with the arguments the operator gives it. A reference engine (one `vllm
+serve` with the same engine settings, no P/D and no speculation) gives the greedy outputs the
+pair must reproduce token for token; the fixed prefill, asked directly, gives the acceptance the
+pair must reproduce draft for draft.
 
 Without the venv the tier is skipped, or fails when PDMTP_REQUIRE_ALL=1; outside a loopback-only
 network namespace it always refuses to start.
@@ -98,10 +100,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 if not MISSING_MODULES:
     from fixtures import (  # noqa: F401  (fixtures, registered by being here)
         figures,
+        fixed_pair,
         fleet,
         model,
         prompts,
         reference,
+        stock_pair,
         wirings,
         workdir,
     )

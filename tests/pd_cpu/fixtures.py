@@ -7,18 +7,24 @@ import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import lookback_mimo
 import pytest
-import tiny_mimo
 from fleet import Completion, Figures, Fleet, Prompt, serve_all
+from lookback_mimo import LookbackMimo
+from runs import PairRun, StockRun, run_fixed_pair, run_stock_pair
 from tier import (
     MAX_TOKENS,
-    MTP_MODULES,
     PROMPT_LENGTHS,
     PROMPT_SEED,
+    TIER_DISTANCES,
     reference_launch,
     render_pair,
 )
 from wiring import EngineWiring
+
+CHECKPOINT = LookbackMimo(TIER_DISTANCES)
+VOCAB = CHECKPOINT.shape.vocab_size - 1
+"""Prompt tokens are drawn below the end-of-text token (the last id)."""
 
 FIGURES = Figures()
 """Filled by the tests, printed and written by conftest's terminal summary."""
@@ -36,15 +42,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def model(workdir: Path) -> Path:
-    return tiny_mimo.write_checkpoint(workdir / "tiny-mimo", tiny_mimo.TinyMimo(MTP_MODULES))
+    assert CHECKPOINT.shape.mtp_modules == 3  # tier.MTP_MODULES, what the PDDeployment declares
+    return lookback_mimo.write_checkpoint(workdir / "lookback-mimo", CHECKPOINT)
 
 
 @pytest.fixture(scope="session")
 def prompts() -> list[Prompt]:
     rng = random.Random(PROMPT_SEED)
-    vocab = tiny_mimo.TinyMimo().vocab_size - 1  # never the end-of-text token (the last id)
     return [
-        Prompt(f"len{n}", tuple(rng.randrange(vocab) for _ in range(n))) for n in PROMPT_LENGTHS
+        Prompt(f"len{n}", tuple(rng.randrange(VOCAB) for _ in range(n))) for n in PROMPT_LENGTHS
     ]
 
 
@@ -83,3 +89,41 @@ def wirings(model: Path) -> Callable[[int], dict[str, EngineWiring]]:
     """`pdmtp render` per numSpeculativeTokens, once: engines reused across modules keep their
     ports."""
     return functools.cache(lambda k: render_pair(model, k))
+
+
+@pytest.fixture(scope="session")
+def fixed_pair(
+    fleet: Fleet,
+    model: Path,
+    prompts: list[Prompt],
+    figures: Figures,
+    workdir: Path,
+    reference: dict[str, Completion],  # the reference runs (and is released) first
+    wirings: Callable[[int], dict[str, EngineWiring]],
+) -> Callable[[int], PairRun]:
+    """The fixed pair's run per k, made on first use (runs.run_fixed_pair)."""
+    return functools.cache(
+        lambda k: run_fixed_pair(
+            k,
+            fleet=fleet,
+            model=model,
+            prompts=prompts,
+            vocab=VOCAB,
+            figures=figures,
+            workdir=workdir,
+            wirings=wirings,
+        )
+    )
+
+
+@pytest.fixture(scope="session")
+def stock_pair(
+    fleet: Fleet,
+    model: Path,
+    prompts: list[Prompt],
+    workdir: Path,
+    wirings: Callable[[int], dict[str, EngineWiring]],
+) -> StockRun:
+    return run_stock_pair(
+        fleet=fleet, model=model, prompts=prompts, workdir=workdir, wirings=wirings
+    )

@@ -8,6 +8,7 @@ k=3 prefill): a released engine keeps running until room is needed or the sessio
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -15,8 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from acceptance import Drafting, drafting
 from loopback import free_ports
-from processes import Engine, ManagedProcess, Router, http, metric_by, start_engine
+from processes import (
+    Engine,
+    ManagedProcess,
+    Router,
+    http,
+    metric_by,
+    prometheus_samples,
+    prompt_tokens_by_source,
+    start_engine,
+)
 from wiring import EngineWiring, router_wiring
 
 
@@ -144,6 +155,17 @@ class Prompt:
     token_ids: tuple[int, ...]
 
 
+def fresh_prompts(tag: str, lengths: Sequence[int], vocab: int) -> list[Prompt]:
+    """Prompts of `lengths` tokens drawn from [0, vocab) that no other `tag` gets.
+
+    Each measurement of acceptance takes prompts of its own: a prompt an engine computed before
+    is partly served from its prefix cache, whose blocks carry drafter KV written for the
+    earlier request.
+    """
+    rng = random.Random(f"pd-cpu prompts {tag}")
+    return [Prompt(f"len{n}", tuple(rng.randrange(vocab) for _ in range(n))) for n in lengths]
+
+
 @dataclass(frozen=True)
 class Completion:
     status: int
@@ -162,10 +184,22 @@ class Accounting:
 
 
 @dataclass(frozen=True)
+class Scrape:
+    """An engine's /metrics answer and when it was taken (time.monotonic())."""
+
+    at: float
+    text: str
+
+
+@dataclass(frozen=True)
 class Served:
     prompt: Prompt
     completion: Completion
     accounting: Accounting | None
+    drafting: Drafting | None = None
+    """What the drafting engine (a pair's decode) counted over this request."""
+    scrape: Scrape | None = None
+    """The drafting engine's /metrics right after this request."""
 
 
 def completion_body(model: Path, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
@@ -203,26 +237,59 @@ def serve_all(
     *,
     prefill: Engine | None = None,
     decode: Engine | None = None,
+    drafter: Engine | None = None,
 ) -> list[Served]:
-    """One request per prompt, in turn, each measured on both engines' counters when given.
+    """One request per prompt, in turn, each measured on both engines' counters when given, and
+    on the drafting engine's (`drafter`, else `decode`) MTP counters when there is one.
 
     Sequential on purpose: the counters are engine-wide, so only one request may be in flight
     for a difference of two scrapes to belong to it.
     """
+    drafter = drafter or decode
     served = []
     for prompt in prompts:
-        before = None
-        if prefill is not None and decode is not None:
-            before = (prefill.prompt_tokens_by_source(), decode.prompt_tokens_by_source())
+        before = _scrapes(prefill, decode, drafter)
         completion = complete(url, completion_body(model, prompt, max_tokens))
+        after = _scrapes(prefill, decode, drafter)
         accounting = None
-        if prefill is not None and decode is not None and before is not None:
+        if prefill is not None and decode is not None:
             accounting = Accounting(
-                prefill=_delta(prefill.prompt_tokens_by_source(), before[0]),
-                decode=_delta(decode.prompt_tokens_by_source(), before[1]),
+                prefill=_delta(after["prefill"], before["prefill"]),
+                decode=_delta(after["decode"], before["decode"]),
             )
-        served.append(Served(prompt, completion, accounting))
+        drafted = scrape = None
+        if drafter is not None:
+            drafted = drafting(after["drafter"]).since(drafting(before["drafter"]))
+            scrape = after["drafter_scrape"]
+        served.append(Served(prompt, completion, accounting, drafted, scrape))
     return served
+
+
+def _scrapes(
+    prefill: Engine | None, decode: Engine | None, drafter: Engine | None
+) -> dict[str, Any]:
+    """One scrape per engine (a drafter that is the decode scraped once)."""
+    texts: dict[int, Scrape] = {}
+    for engine in (prefill, decode, drafter):
+        if engine is not None and id(engine) not in texts:
+            texts[id(engine)] = Scrape(time.monotonic(), engine.metrics_text())
+    got: dict[str, Any] = {}
+    if prefill is not None and decode is not None:
+        got["prefill"] = prompt_tokens_by_source(prometheus_samples(texts[id(prefill)].text))
+        got["decode"] = prompt_tokens_by_source(prometheus_samples(texts[id(decode)].text))
+    if drafter is not None:
+        got["drafter_scrape"] = texts[id(drafter)]
+        got["drafter"] = prometheus_samples(texts[id(drafter)].text)
+    return got
+
+
+def drafting_of(served: Sequence[Served]) -> Drafting:
+    """The drafting over `served`, summed over its requests."""
+    total = Drafting()
+    for one in served:
+        assert one.drafting is not None, "served without a drafting engine"
+        total = total.plus(one.drafting)
+    return total
 
 
 _SENT = re.compile(r"Sending to \S+ done, took ([0-9.e-]+)")
@@ -239,6 +306,7 @@ HANDOFF_SERIES = (
     "pdmtp:kv_pulled_requests_total",
     "pdmtp:kv_pulled_tokens_total",
     "pdmtp:kv_backoff_tokens_total",
+    "pdmtp:kv_refreshed_tokens_total",
     "pdmtp:kv_decode_only_requests_total",
     # vLLM's own: failed receives (Mooncake) and MTP drafting.
     "vllm:mooncake_num_failed_recvs_total",

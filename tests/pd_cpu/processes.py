@@ -282,20 +282,29 @@ class Engine:
             time.sleep(1)
         raise TimeoutError(f"{self.process.name} not ready in {timeout}s:\n{self.process.log()}")
 
-    def metrics(self) -> dict[str, float]:
+    def metrics_text(self) -> str:
+        """The engine's /metrics answer, as a scraper gets it."""
         status, body = http("GET", self.url + "/metrics", timeout=10)
         assert status == 200, body[:500]
-        return prometheus_samples(body.decode())
+        return body.decode()
+
+    def metrics(self) -> dict[str, float]:
+        return prometheus_samples(self.metrics_text())
 
     def prompt_tokens_by_source(self) -> dict[str, float]:
         """vLLM's `vllm:prompt_tokens_by_source_total`, by source (summed over engine ranks)."""
-        by_source = metric_by(self.metrics(), "vllm:prompt_tokens_by_source_total", "source")
-        return {source: value for (source,), value in by_source.items()}
+        return prompt_tokens_by_source(self.metrics())
 
     def termination_message(self) -> str | None:
         if not self.termination_log.exists():
             return None
         return self.termination_log.read_text()
+
+
+def prompt_tokens_by_source(samples: Mapping[str, float]) -> dict[str, float]:
+    """`vllm:prompt_tokens_by_source_total` out of one scrape, by source."""
+    by_source = metric_by(samples, "vllm:prompt_tokens_by_source_total", "source")
+    return {source: value for (source,), value in by_source.items()}
 
 
 def start_engine(

@@ -1,92 +1,24 @@
-"""The fixed pair: greedy output identical to one engine, and the backoff split per request.
+"""The fixed pair: greedy output identical to one engine, the backoff split per request, and MTP
+acceptance identical to one engine's.
 
 For numSpeculativeTokens k in {2, 3} with a 3-module MTP checkpoint vLLM's lookahead is k, so
-the backoff is k - 1: the prefill must compute N - (k - 1) prompt tokens, the decode must load
-that many and recompute the remaining k - 1 itself.
+the backoff is k - 1: the prefill must compute N - (k - 1) prompt tokens. The decode pulls the
+KV of all but the last `refresh` of those (connector.drafter_refresh: k) and recomputes the
+backoff and the refresh itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from fleet import (
-    Completion,
-    Figures,
-    Fleet,
-    Served,
-    counts_since,
-    handoff_counts,
-    serve_all,
-    start_router,
-    transfer_durations_ms,
-)
-from tier import MAX_TOKENS, fixed_launches
-from wiring import EngineWiring
-
-
-@dataclass(frozen=True)
-class PairRun:
-    k: int
-    backoff: int
-    wiring: dict[str, EngineWiring]
-    served: list[Served]
-    launcher_lines: dict[str, list[str]]
-    transfers_ms: list[float]
-    handoff: dict[str, float]
-    """The decode's hand-off and drafting counters over the run (fleet.HANDOFF_SERIES)."""
+from fleet import Completion, drafting_of
+from runs import PairRun
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda k: f"k{k}")
-def pair_run(
-    request: pytest.FixtureRequest,
-    fleet: Fleet,
-    model: Path,
-    prompts: list,
-    figures: Figures,
-    workdir: Path,
-    reference: dict[str, Completion],  # the reference runs (and is released) first
-    wirings: Callable[[int], dict[str, EngineWiring]],
-) -> Iterator[PairRun]:
-    k: int = request.param
-    wiring = wirings(k)
-    launches = fixed_launches(k, wiring)
-    prefill, decode = fleet.acquire(launches)
-    router = start_router(wiring["prefill"], wiring["decode"], workdir, f"router-k{k}")
-    try:
-        before = handoff_counts(decode)
-        served = serve_all(router.url, model, prompts, MAX_TOKENS, prefill=prefill, decode=decode)
-        handoff = counts_since(handoff_counts(decode), before)
-        for launch, engine in zip(launches, (prefill, decode), strict=True):
-            figures.note_rss(launch.name, engine)
-    finally:
-        router.process.stop()
-        fleet.release([launch.name for launch in launches])
-    transfers = transfer_durations_ms(prefill)
-    figures.request_seconds[f"pd-k{k}"] = [round(s.completion.seconds, 3) for s in served]
-    figures.transfer_ms[f"pd-k{k}"] = transfers
-    figures.notes.setdefault("handoff", {})[f"k{k}"] = handoff
-    figures.notes.setdefault("substitutions", {})[f"k{k}"] = {
-        role: list(wiring[role].substituted) for role in wiring
-    }
-    yield PairRun(
-        k=k,
-        backoff=k - 1,
-        wiring=wiring,
-        served=served,
-        launcher_lines={
-            role: [
-                line
-                for line in engine.process.log(tail=10**7).splitlines()
-                if line.startswith("pdmtp-engine:")
-            ]
-            for role, engine in (("prefill", prefill), ("decode", decode))
-        },
-        transfers_ms=transfers,
-        handoff=handoff,
-    )
+def pair_run(request: pytest.FixtureRequest, fixed_pair: Callable[[int], PairRun]) -> PairRun:
+    return fixed_pair(request.param)
 
 
 def test_the_launcher_verified_the_rendered_config_and_started_vllm(pair_run: PairRun) -> None:
@@ -113,10 +45,10 @@ def test_greedy_outputs_are_identical_to_one_engine(
     assert differing == {}
 
 
-def test_prefill_computes_all_but_the_backoff_and_decode_recomputes_it(
+def test_prefill_computes_all_but_the_backoff_and_decode_recomputes_it_and_the_refresh(
     pair_run: PairRun,
 ) -> None:
-    backoff = pair_run.backoff
+    backoff, recomputed = pair_run.backoff, pair_run.backoff + pair_run.refresh
     for one in pair_run.served:
         n = len(one.prompt.token_ids)
         assert one.accounting is not None
@@ -126,9 +58,9 @@ def test_prefill_computes_all_but_the_backoff_and_decode_recomputes_it(
             "external_kv_transfer": 0,
         }, one.prompt.name
         assert dict(one.accounting.decode) == {
-            "local_compute": backoff,
+            "local_compute": recomputed,
             "local_cache_hit": 0,
-            "external_kv_transfer": n - backoff,
+            "external_kv_transfer": n - recomputed,
         }, one.prompt.name
 
 
@@ -138,15 +70,18 @@ def test_every_request_pushed_its_kv_over_mooncake(pair_run: PairRun) -> None:
 
 def test_the_decode_exports_the_hand_off_it_made(pair_run: PairRun) -> None:
     """The connector's counters agree with the per-request accounting above: every request
-    pulled N - backoff tokens and recomputed the backoff, none fell back to decode-only, no
-    receive failed; and the decode drafted (vLLM's spec-decode counters)."""
+    pulled N - backoff - refresh tokens and recomputed the backoff (what the verdict holds to
+    the derived backoff) and the refresh, none fell back to decode-only, no receive failed;
+    and the decode drafted (vLLM's spec-decode counters)."""
     prompt_lens = [len(one.prompt.token_ids) for one in pair_run.served]
     handoff = pair_run.handoff
-    assert handoff["pdmtp:kv_pulled_requests_total"] == len(prompt_lens), handoff
-    assert handoff["pdmtp:kv_pulled_tokens_total"] == sum(prompt_lens) - len(prompt_lens) * (
-        pair_run.backoff
+    requests = len(prompt_lens)
+    assert handoff["pdmtp:kv_pulled_requests_total"] == requests, handoff
+    assert handoff["pdmtp:kv_pulled_tokens_total"] == sum(prompt_lens) - requests * (
+        pair_run.backoff + pair_run.refresh
     ), handoff
-    assert handoff["pdmtp:kv_backoff_tokens_total"] == len(prompt_lens) * pair_run.backoff
+    assert handoff["pdmtp:kv_backoff_tokens_total"] == requests * pair_run.backoff
+    assert handoff["pdmtp:kv_refreshed_tokens_total"] == requests * pair_run.refresh
     assert handoff["pdmtp:kv_decode_only_requests_total"] == 0, handoff
     assert handoff.get("vllm:mooncake_num_failed_recvs_total", 0) == 0, handoff
     assert handoff["vllm:spec_decode_num_drafts_total"] > 0, handoff
@@ -155,3 +90,24 @@ def test_the_decode_exports_the_hand_off_it_made(pair_run: PairRun) -> None:
         <= handoff["vllm:spec_decode_num_accepted_tokens_total"]
         <= (handoff["vllm:spec_decode_num_draft_tokens_total"])
     ), handoff
+
+
+def test_one_engine_accepts_every_draft_at_every_position(pair_run: PairRun) -> None:
+    """The checkpoint's claim, on vLLM itself: one engine (the fixed prefill, asked directly)
+    accepts every draft token, at each of the k draft positions."""
+    one = drafting_of(pair_run.one_engine)
+    assert one.drafts > 0
+    assert one.accepted == one.draft_tokens, one
+    assert len(one.accepted_per_position) == pair_run.k
+    assert one.accepted_per_position[0] == one.drafts, one
+    assert sum(one.accepted_per_position) == one.accepted, one
+
+
+def test_the_pair_accepts_exactly_what_one_engine_accepts(pair_run: PairRun) -> None:
+    """Request by request (prompts of the same lengths), the same draft rounds and the same
+    tokens accepted at each position: nothing lost in the hand-off. Before the drafter refresh
+    each request lost its first round (k=3: the draft read the prefill's own sampled token at
+    2 back; k=2: the second draft did, and a one-token recompute padded a round)."""
+    one_engine = {s.prompt.name: s.drafting for s in pair_run.one_engine}
+    pair = {s.prompt.name: s.drafting for s in pair_run.served}
+    assert pair == one_engine

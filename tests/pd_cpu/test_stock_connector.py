@@ -1,5 +1,6 @@
-"""Discrimination: the same setup with vLLM's stock `MooncakeConnector` shows no backoff, and a
-fixed prefill paired with a stock decode gives answers the comparison with one engine rejects.
+"""Discrimination: the same setup with vLLM's stock `MooncakeConnector` shows no backoff and one
+empty draft round per request, and a fixed prefill paired with a stock decode gives answers the
+comparison with one engine rejects.
 
 k=3 on the 3-module checkpoint: the fixed pair backs off 2 tokens (test_pd_pair.py).
 """
@@ -9,22 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from fleet import (
     Completion,
     Figures,
     Fleet,
     Prompt,
     Served,
-    counts_since,
-    handoff_counts,
+    drafting_of,
     serve_all,
     start_router,
 )
-from tier import MAX_TOKENS, launch, stock_wiring
+from runs import STOCK_K, PairRun, StockRun, stock_name
+from tier import MAX_TOKENS, launch
 from wiring import EngineWiring
 
-K = 3
+K = STOCK_K
 
 
 def served_through(
@@ -33,54 +33,24 @@ def served_through(
     model: Path,
     prompts: list[Prompt],
     pair: dict[str, tuple[str, EngineWiring, bool]],
-    handoff: dict[str, float] | None = None,
 ) -> list[Served]:
-    """Serve every prompt through a router in front of `pair` (role -> name, wiring, launcher);
-    the decode's hand-off and drafting counters over the run go into `handoff` when given."""
+    """Serve every prompt through a router in front of `pair` (role -> name, wiring, launcher)."""
     launches = [launch(name, wiring, via_launcher=v) for name, wiring, v in pair.values()]
     prefill, decode = fleet.acquire(launches)
     router_name = "router-" + "+".join(name for name, _, _ in pair.values())
     router = start_router(pair["prefill"][1], pair["decode"][1], workdir, router_name)
     try:
-        before = handoff_counts(decode)
-        served = serve_all(router.url, model, prompts, MAX_TOKENS, prefill=prefill, decode=decode)
-        if handoff is not None:
-            handoff.update(counts_since(handoff_counts(decode), before))
-        return served
+        return serve_all(router.url, model, prompts, MAX_TOKENS, prefill=prefill, decode=decode)
     finally:
         router.process.stop()
         fleet.release([one.name for one in launches])
 
 
-@pytest.fixture(scope="module")
-def stock_decode(wirings: Callable[[int], dict[str, EngineWiring]]) -> EngineWiring:
-    return stock_wiring(wirings(K)["decode"])
-
-
 def test_stock_connectors_on_both_sides_back_off_nothing(
-    fleet: Fleet,
-    workdir: Path,
-    model: Path,
-    prompts: list[Prompt],
-    wirings: Callable[[int], dict[str, EngineWiring]],
-    stock_decode: EngineWiring,
-    reference: dict[str, Completion],
-    figures: Figures,
+    stock_pair: StockRun, reference: dict[str, Completion], figures: Figures
 ) -> None:
-    stock_prefill = stock_wiring(wirings(K)["prefill"])
-    handoff: dict[str, float] = {}
-    served = served_through(
-        fleet,
-        workdir,
-        model,
-        prompts,
-        {
-            "prefill": (f"stock-prefill-k{K}", stock_prefill, False),
-            "decode": (f"stock-decode-k{K}", stock_decode, False),
-        },
-        handoff,
-    )
-    # Beside the fixed pair's (figures "handoff"): acceptance on the tiny model, for the record.
+    handoff, served = stock_pair.handoff, stock_pair.served
+    # Beside the fixed pair's (figures "handoff"): the stock decode's counters, for the record.
     figures.notes.setdefault("handoff", {})[f"stock-k{K}"] = handoff
     # vLLM's stock connector exports no hand-off counts; its drafting counters are vLLM's.
     assert not any(name.startswith("pdmtp:") for name in handoff), handoff
@@ -106,19 +76,42 @@ def test_stock_connectors_on_both_sides_back_off_nothing(
         assert decode["local_compute"] <= 1, one.prompt.name
 
 
+def test_the_stock_decode_spends_one_empty_draft_round_per_request(
+    stock_pair: StockRun,
+    fixed_pair: Callable[[int], PairRun],
+    reference: dict[str, Completion],
+    figures: Figures,
+) -> None:
+    """The stock decode recomputes exactly one prompt token, and vLLM's scheduler pads such a
+    step with k placeholder drafts it then rejects (docs/design.md, "MTP acceptance through the
+    hand-off"): per request one draft round more than one engine's, nothing accepted in it, the
+    same tokens accepted otherwise. The answers are one engine's (the reference's)."""
+    one_engine = {s.prompt.name: s.drafting for s in fixed_pair(K).one_engine}
+    figures.notes.setdefault("acceptance", {})[f"stock-k{K}"] = drafting_of(
+        stock_pair.served
+    ).summary()
+    for one in stock_pair.served:
+        alone = one_engine[one.prompt.name]
+        assert one.drafting is not None and alone is not None
+        assert one.drafting.drafts == alone.drafts + 1, one.prompt.name
+        assert one.drafting.draft_tokens == alone.draft_tokens + K, one.prompt.name
+        assert one.drafting.accepted_per_position == alone.accepted_per_position, one.prompt.name
+        assert one.completion.token_ids == reference[one.prompt.name].token_ids, one.prompt.name
+
+
 def test_a_fixed_prefill_with_a_stock_decode_gives_wrong_answers(
     fleet: Fleet,
     workdir: Path,
     model: Path,
     prompts: list[Prompt],
     wirings: Callable[[int], dict[str, EngineWiring]],
-    stock_decode: EngineWiring,
+    stock_pair: StockRun,
     reference: dict[str, Completion],
     figures: Figures,
 ) -> None:
-    """The decode loads N tokens of KV while the prefill computed N - 2: the last two positions
-    are blocks nobody wrote. The output comparison must see it (else it could not see a wrong
-    backoff either)."""
+    """The decode loads N tokens of KV while the prefill computed N - 2 and ships the blocks of
+    N - 5: a list a block short (vLLM answers HTTP 500), or positions nobody wrote. The output
+    comparison must see it (else it could not see a wrong backoff either)."""
     served = served_through(
         fleet,
         workdir,
@@ -126,7 +119,7 @@ def test_a_fixed_prefill_with_a_stock_decode_gives_wrong_answers(
         prompts,
         {
             "prefill": (f"prefill-k{K}", wirings(K)["prefill"], True),
-            "decode": (f"stock-decode-k{K}", stock_decode, False),
+            "decode": (stock_name("decode"), stock_pair.wiring["decode"], False),
         },
     )
     outcome = {}

@@ -55,6 +55,8 @@ from wiring import EngineWiring
 
 K = 3
 BACKOFF = K - 1
+RECOMPUTED = BACKOFF + K
+"""The backoff and the drafter refresh (connector.drafter_refresh: the lookahead, k)."""
 RANKS = DECODE_GROUP_RANKS
 RANK_UP = "Waiting for READY message from DP Coordinator"
 """vLLM's engine core logs it (INFO, every 10 s) once its model and KV cache are up, while the
@@ -364,9 +366,9 @@ def test_both_ranks_served_pulled_kv_with_the_backoff_and_drafted(group_run: Gro
     for one in group_run.requests:
         n = len(one.prompt.token_ids)
         assert one.prompt_tokens == {
-            "local_compute": BACKOFF,
+            "local_compute": RECOMPUTED,
             "local_cache_hit": 0,
-            "external_kv_transfer": n - BACKOFF,
+            "external_kv_transfer": n - RECOMPUTED,
         }, (one.prompt.name, one.rank)
     assert sorted(group_run.drafts_by_rank) == [str(r) for r in range(RANKS)]
     assert all(drafts > 0 for drafts in group_run.drafts_by_rank.values()), group_run.drafts_by_rank

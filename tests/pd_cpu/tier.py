@@ -28,9 +28,17 @@ MAX_MODEL_LEN = 2048
 MAX_TOKENS = 32
 # Lengths straddling the first two block boundaries. With backoff 2 (k=3) the prefill computes
 # 126, 128, 254 and 256 tokens for 128, 130, 256 and 258: truncated prompts ending exactly on a
-# block boundary (the vllm-ascend #8908 case) and prompts that are whole blocks themselves.
-PROMPT_LENGTHS = (127, 128, 129, 130, 255, 256, 257, 258)
+# block boundary (the vllm-ascend #8908 case) and prompts that are whole blocks themselves. For
+# 131 the prefill computes a block more than the decode pulls (129 and 126 tokens at k=3, 130 and
+# 128 at k=2): it must ship only the first.
+PROMPT_LENGTHS = (127, 128, 129, 130, 131, 255, 256, 257, 258)
 PROMPT_SEED = 8908
+TIER_DISTANCES = (2, 40)
+"""The tier's checkpoint (lookback_mimo.py) computes each next token from the current one and
+those 2 and 40 back, and so does its drafter. 2 is the backoff at k=3 and the backoff + 1 at
+k=2: the drafter's KV entry at the prefill's last computed position is read by the first
+drafts of the first round after the hand-off. 40 makes the answers depend on pulled KV well
+before the prompt's end (a block shifted in transfer changes them)."""
 
 
 def render_pair(

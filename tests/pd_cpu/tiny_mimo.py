@@ -152,8 +152,11 @@ def train_tokenizer(shape: TinyMimo) -> Tokenizer:
     return tokenizer
 
 
-def write_checkpoint(directory: Path, shape: TinyMimo) -> Path:
-    """config.json, model.safetensors and the tokenizer files, in `directory`."""
+def write_checkpoint(
+    directory: Path, shape: TinyMimo, tensors: dict[str, torch.Tensor] | None = None
+) -> Path:
+    """config.json, model.safetensors and the tokenizer files, in `directory`: the weights are
+    `tensors` (every name `checkpoint_tensors` gives), or random ones from `shape.seed`."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(shape)
     eos_token_id = tokenizer.token_to_id(EOS_TOKEN)
@@ -174,5 +177,6 @@ def write_checkpoint(directory: Path, shape: TinyMimo) -> Path:
     (directory / "generation_config.json").write_text(
         json.dumps({"eos_token_id": eos_token_id, "do_sample": False}, indent=2)
     )
-    save_file(checkpoint_tensors(shape), str(directory / "model.safetensors"))
+    weights = checkpoint_tensors(shape) if tensors is None else tensors
+    save_file(weights, str(directory / "model.safetensors"))
     return directory

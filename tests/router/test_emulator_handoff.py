@@ -75,8 +75,9 @@ def test_a_healthy_pair_is_verified(engine: EngineFactory, start_router: RouterF
     decode, router = pair(engine, start_router, "ok")
     assert load(router) == [200] * REQUESTS
     handoff = evidence([scraped(decode)])
-    # "request {i} of the hand-off test": 6 words, of which the backoff (2) is recomputed
-    assert (handoff.requests, handoff.pulled_tokens, handoff.backoff_tokens) == (10, 40, 20)
+    # "request {i} of the hand-off test": 6 words, of which the decode recomputes the backoff
+    # (2) and the drafter refresh (3) the fixed connector adds, and pulls 1
+    assert (handoff.requests, handoff.pulled_tokens, handoff.backoff_tokens) == (10, 10, 20)
     assert handoff.failed == handoff.decode_only == 0 and handoff.drafts > RULES.min_drafts
     assert judge(handoff, None, RULES).finding == Finding.VERIFIED
 

@@ -227,6 +227,13 @@ REGISTRY: dict[str, Entry] = {
     ),
     "make test-engine": _tier("test-engine", "the engine tier"),
     "make test-pd-cpu": _tier("test-pd-cpu", "the CPU P/D tier"),
+    "make pd-cpu-accuracy": NotRun(
+        "~70 min of engines on two cores (15 cases of ~4.5 min), too long for CI; the CPU P/D "
+        "tier runs its k=2 and k=3 cells (one engine against the fixed pair, request by request, "
+        "and the stock pair) in tests/pd_cpu/test_pd_pair.py and test_stock_connector.py, with "
+        "the same code "
+        "(tests/pd_cpu/acceptance.py, fleet.serve_all)"
+    ),
     "pdmtp render": Run(
         (
             "tests/unit/test_cli.py::test_render_prints_every_child",

@@ -1,8 +1,8 @@
 """The emulated decode's KV hand-off counts and faults, in the names the engine image exports.
 
 The engine image's fixed connector counts, per decode, the requests that pulled a prefill's KV,
-the tokens pulled, the tokens recomputed for the MTP backoff and the requests served
-decode-only (`pdmtp_engine.handoff`); vLLM counts failed receives
+the tokens pulled, the tokens recomputed for the MTP backoff and for the drafter refresh, and
+the requests served decode-only (`pdmtp_engine.handoff`); vLLM counts failed receives
 (`vllm:mooncake_num_failed_recvs`). The emulated decode counts the same, so the operator's
 verdict can be proven against emulated pairs, and can be told to misbehave the ways a real pair
 does (`Tuning`):
@@ -34,6 +34,10 @@ COUNTERS = {
     "pulled_requests": ("pdmtp:kv_pulled_requests", "Requests that pulled a prefill's KV."),
     "pulled_tokens": ("pdmtp:kv_pulled_tokens", "Prompt tokens of KV pulled."),
     "backoff_tokens": ("pdmtp:kv_backoff_tokens", "Prompt tokens recomputed for the backoff."),
+    "refreshed_tokens": (
+        "pdmtp:kv_refreshed_tokens",
+        "Prompt tokens the prefill computed and the decode recomputed for the drafter.",
+    ),
     "decode_only_requests": (
         "pdmtp:kv_decode_only_requests",
         "Requests served without a prefill's KV.",
@@ -86,13 +90,27 @@ class HandoffCounts:
                 return fault  # type: ignore[return-value]
         return None
 
+    def refresh(self, tuning: Tuning) -> int:
+        """What the fixed connector's decode recomputes beyond the backoff
+        (`pdmtp_engine.connector.drafter_refresh`), with the lookahead a backoff implies
+        (lookahead - 1 with multi-module MTP, 0 with one token of lookahead)."""
+        if not tuning.fixed_connector or not self.speculative_tokens:
+            return 0
+        backoff = self.backoff(tuning)
+        return max(backoff + 1, 2 - backoff)
+
     def pulled(self, tuning: Tuning, prompt: int) -> None:
         backoff = self.backoff(tuning)
         if prompt <= backoff:  # a prompt no longer than the backoff is pulled whole
             backoff = 0
+        computed = prompt - backoff
+        refresh = self.refresh(tuning)
+        if computed <= refresh:  # a prefill that computed no more than it is pulled whole
+            refresh = 0
         self.counts["pulled_requests"] += 1
-        self.counts["pulled_tokens"] += prompt - backoff
+        self.counts["pulled_tokens"] += computed - refresh
         self.counts["backoff_tokens"] += backoff
+        self.counts["refreshed_tokens"] += refresh
 
     def decode_only(self) -> None:
         self.counts["decode_only_requests"] += 1

@@ -1,17 +1,27 @@
-"""vLLM's Mooncake P/D connector with the multi-module MTP prefill backoff.
+"""vLLM's Mooncake P/D connector with the multi-module MTP prefill backoff, and a decode that
+rebuilds the drafter KV the prefill could not get right.
 
 vLLM's `MooncakeConnector` backs off only the one token that hybrid Mamba and bounded-replay
-models need. With a multi-module MTP drafter the prefiller would then compute the drafter's whole
-lookahead window from unverified drafts and ship that KV, which the decoder never rebuilds. This
-subclass makes both sides stop `backoff = max(state_backoff, lookahead - 1)` tokens short of the
-prompt, the rule vLLM's NIXL connector applies (`_prefill_backoff` in its scheduler):
+models need. This subclass makes the prefill stop `backoff = max(state_backoff, lookahead - 1)`
+tokens short of the prompt, the rule vLLM's NIXL connector applies (`_prefill_backoff` in its
+scheduler), so the operator's derived backoff holds on both sides.
 
-- decode (kv_consumer) pulls `prompt_len - backoff` tokens and recomputes the rest;
-- prefill (kv_producer) drops the same trailing tokens before the prefix-cache lookup, once.
+The backoff alone leaves the drafter's KV wrong at the end of what the prefill computed
+(docs/design.md, "MTP acceptance through the hand-off"): the prefill's drafter builds its entries
+at the last `lookahead` positions from tokens past its truncated prompt (its own sampled token,
+and with several MTP modules its drafts) instead of the prompt's next tokens, and the decode
+never rewrites them. And a decode that recomputes exactly one prompt token is padded by vLLM's
+scheduler with placeholder drafts that it counts as a draft round with nothing accepted. So the
+decode also recomputes `drafter_refresh` tokens the prefill did compute, and the prefill sends
+only the blocks the decode pulls:
+
+- prefill (kv_producer) drops the trailing `backoff` prompt tokens before the prefix-cache
+  lookup, once, and ships the blocks holding the first `prompt_len - backoff - refresh` tokens;
+- decode (kv_consumer) pulls those tokens and recomputes the last `backoff + refresh`.
 
 The decode's scheduler half also counts the hand-off (requests and tokens pulled, tokens
-recomputed for the backoff, decode-only requests) into vLLM's connector stats, which vLLM's API
-server exports (`pdmtp_engine.handoff`).
+recomputed for the backoff and for the refresh, decode-only requests) into vLLM's connector
+stats, which vLLM's API server exports (`pdmtp_engine.handoff`).
 
 Load it with `--kv-transfer-config '{"kv_connector": "BackoffMooncakeConnector",
 "kv_connector_module_path": "pdmtp_engine.connector", ...}'`. The worker side is vLLM's own.
@@ -39,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector im
     MooncakeConnectorScheduler,
     MooncakeConnectorWorker,
 )
+from vllm.v1.kv_cache_interface import AttentionSpec
 from vllm.v1.request import Request
 
 from pdmtp_engine.handoff import HandoffPromMetrics, HandoffStats
@@ -67,6 +78,20 @@ def prefill_backoff(lookahead: int, state_backoff: int) -> int:
     `state_backoff` is 1 for hybrid Mamba or bounded-replay models (they need h(N-1)), else 0.
     """
     return max(state_backoff, lookahead - 1)
+
+
+def drafter_refresh(lookahead: int, backoff: int) -> int:
+    """Prompt tokens the prefill computes that the decode recomputes anyway (0 without a drafter).
+
+    The drafter's KV at a position is built from the tokens up to `lookahead` positions after it
+    (each MTP module reads one further), so at the last `lookahead` positions the prefill
+    computed it was built from tokens the prefill does not have: the decode rebuilds them. And
+    at least two in all with the backoff: a decode that recomputes exactly one token is padded by
+    vLLM's scheduler with placeholder drafts, a draft round with nothing accepted.
+    """
+    if lookahead <= 0:
+        return 0
+    return max(lookahead, 2 - backoff)
 
 
 def _require(condition: bool, what: str) -> None:
@@ -142,6 +167,18 @@ def check_vllm_compatibility() -> None:
         "MooncakeConnectorScheduler.on_new_request does more than the Mamba truncation "
         f"(it references {sorted(stock_on_new_request_names)})",
     )
+    # The refresh: the prefill ships only the blocks the decode pulls.
+    _require(
+        _parameter_names(MooncakeConnectorScheduler, "request_finished")
+        == ["self", "request", "block_ids"]
+        and _references(
+            MooncakeConnectorScheduler,
+            "request_finished",
+            ["_reqs_need_send", "get_sw_clipped_blocks"],
+        ),
+        "MooncakeConnectorScheduler.request_finished is not (request, block_ids) queueing the "
+        "prefill's blocks to send",
+    )
     # The hand-off counts: vLLM merges the scheduler half's stats into the workers' payload
     # (`aggregate`) and rebuilds them in the API server with the connector's own classes.
     _require(
@@ -206,13 +243,36 @@ class BackoffMooncakeConnectorScheduler(MooncakeConnectorScheduler):
         self.state_backoff: int = 1 if (self._has_mamba or self._bounded_replay) else 0
         self.lookahead: int = vllm_config.num_prefill_lookahead_tokens
         self.prefill_backoff: int = prefill_backoff(self.lookahead, self.state_backoff)
+        # Token-indexed KV only: a state (Mamba, bounded replay) exists at the prefill's end and
+        # nowhere before it, so the decode cannot start earlier there.
+        self.block_sizes: tuple[int, ...] = tuple(
+            group.kv_cache_spec.block_size for group in kv_cache_config.kv_cache_groups
+        )
+        token_indexed = all(
+            isinstance(group.kv_cache_spec, AttentionSpec)
+            for group in kv_cache_config.kv_cache_groups
+        )
+        self.drafter_refresh: int = (
+            drafter_refresh(self.lookahead, self.prefill_backoff)
+            if token_indexed and not self.state_backoff
+            else 0
+        )
         self.handoff = HandoffStats()
 
-    def _get_remote_prefill_token_count(self, num_prompt_tokens: int) -> int:
-        """Decode side: load all but the trailing `prefill_backoff` prompt tokens."""
+    def prefill_computed_tokens(self, num_prompt_tokens: int) -> int:
+        """Prompt tokens the prefill computes: all but the backoff (a prompt no longer than the
+        backoff is computed whole)."""
         if self.prefill_backoff and num_prompt_tokens > self.prefill_backoff:
             return num_prompt_tokens - self.prefill_backoff
         return num_prompt_tokens
+
+    def _get_remote_prefill_token_count(self, num_prompt_tokens: int) -> int:
+        """Both sides: the prompt tokens whose KV the decode pulls, the prefill's computed ones
+        but the refresh (a prefill that computed no more than the refresh is pulled whole)."""
+        computed = self.prefill_computed_tokens(num_prompt_tokens)
+        if self.drafter_refresh and computed > self.drafter_refresh:
+            return computed - self.drafter_refresh
+        return computed
 
     def on_new_request(self, request: Request) -> None:
         """Runs from Scheduler.add_request, before the prefix-cache lookup. Prefill side: the
@@ -234,9 +294,34 @@ class BackoffMooncakeConnectorScheduler(MooncakeConnectorScheduler):
                 self.handoff.record_decode_only()
             elif num_external_tokens > 0:
                 prompt = request.num_prompt_tokens
+                computed = self.prefill_computed_tokens(prompt)
                 pulled_to = self._get_remote_prefill_token_count(prompt)
-                self.handoff.record_pull(num_external_tokens, prompt - pulled_to)
+                self.handoff.record_pull(
+                    num_external_tokens,
+                    backoff_tokens=prompt - computed,
+                    refreshed_tokens=computed - pulled_to,
+                )
         super().update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def request_finished(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Prefill side: ship only the blocks that hold the tokens the decode pulls. vLLM's
+        sender pairs a shorter list on the decode with the prefill's last blocks (it takes the
+        difference for the decode's own prefix-cache hit), so the lists must match."""
+        params = request.kv_transfer_params
+        shipping = self.is_kv_producer and params is not None and params.get("do_remote_decode")
+        if self.drafter_refresh and shipping:
+            assert params is not None
+            prompt = request.num_prompt_tokens
+            if params.get(TRUNCATED_MARKER):
+                prompt += self.prefill_backoff
+            pulled = self._get_remote_prefill_token_count(prompt)
+            block_ids = tuple(
+                group[: -(-pulled // size)]
+                for group, size in zip(block_ids, self.block_sizes, strict=True)
+            )
+        return super().request_finished(request, block_ids)
 
     def _truncate_request_for_prefill(self, request: Request) -> None:
         backoff = self.prefill_backoff

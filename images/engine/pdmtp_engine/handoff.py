@@ -13,12 +13,16 @@ server process, which exports them beside vLLM's own:
 - `pdmtp:kv_pulled_tokens_total`: prompt tokens of KV those requests pulled;
 - `pdmtp:kv_backoff_tokens_total`: prompt tokens the decode recomputed because the prefill
   stopped short of them (the backoff: `lookahead - 1` per request with multi-module MTP);
+- `pdmtp:kv_refreshed_tokens_total`: prompt tokens the prefill computed and the decode recomputed
+  anyway, to rebuild the drafter KV the prefill built past its prompt (`lookahead` per request,
+  at least two with the backoff: `pdmtp_engine.connector.drafter_refresh`);
 - `pdmtp:kv_decode_only_requests_total`: requests the decode served with no prefill's KV (no
   remote-prefill parameters, or unusable ones): a router or pairing that fell back to
   decode-only.
 
 `kv_backoff_tokens / kv_pulled_requests` is the backoff the pair really applied, to compare with
-the one the operator derived from the lookahead (PDMTP_EXPECTED_PREFILL_BACKOFF).
+the one the operator derived from the lookahead (PDMTP_EXPECTED_PREFILL_BACKOFF). Per request,
+pulled + backoff + refreshed tokens are the prompt (less what the decode's own prefix cache held).
 
 Each list in the payload holds one entry per event (a token count, or 1), as vLLM's own
 Mooncake stats do, so merging two payloads is concatenation and a counter grows by the sum.
@@ -56,6 +60,11 @@ COUNTERS: Final = {
         "pdmtp:kv_backoff_tokens",
         "Prompt tokens the decode recomputed for the MTP prefill backoff (pdmtp connector).",
     ),
+    "refreshed_tokens": (
+        "pdmtp:kv_refreshed_tokens",
+        "Prompt tokens the prefill computed and the decode recomputed to rebuild the drafter's "
+        "KV (pdmtp connector).",
+    ),
     "decode_only_requests": (
         "pdmtp:kv_decode_only_requests",
         "Requests the decode served without a prefill's KV: a decode-only fallback "
@@ -78,11 +87,12 @@ class HandoffStats(MooncakeKVConnectorStats):
         super().reset()
         self.data.update({key: [] for key in COUNTERS})
 
-    def record_pull(self, tokens: int, backoff_tokens: int) -> None:
+    def record_pull(self, tokens: int, *, backoff_tokens: int, refreshed_tokens: int) -> None:
         with self._lock:
             self.data["pulled_requests"].append(1)
             self.data["pulled_tokens"].append(tokens)
             self.data["backoff_tokens"].append(backoff_tokens)
+            self.data["refreshed_tokens"].append(refreshed_tokens)
 
     def record_decode_only(self) -> None:
         with self._lock:
