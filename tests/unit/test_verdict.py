@@ -472,7 +472,10 @@ def test_the_series_names_are_the_engine_images() -> None:
         "backoff_tokens": promtext.KV_BACKOFF_TOKENS,
         "decode_only_requests": promtext.KV_DECODE_ONLY_REQUESTS,
     }
-    assert exported == read
+    # The drafter refresh is the connector's own repair (docs/design.md, "MTP acceptance through
+    # the hand-off"): what it costs shows in acceptance, which is judged; its count is for people.
+    not_read = {"refreshed_tokens": "pdmtp:kv_refreshed_tokens"}
+    assert exported == read | not_read
 
 
 def test_a_ratio_sample_adds_up() -> None:
