@@ -253,19 +253,18 @@ def test_a_router_that_stops_serving_while_the_operator_is_down_leaves_the_whole
     def marks() -> dict[str, str]:
         return apps.read_namespaced_deployment(router, namespace).metadata.annotations or {}
 
-    wait_for(
-        lambda: any(pod_ready(p) for p in router_pods(new_rev)),
-        "the new revision's router Ready",
-        90,
-        interval=0.05,
-    )
-    # The operator un-routes the old revision next; nothing will remove its router pod.
+    # Frozen once the new router's pod exists: it turns Ready without the controller manager
+    # (KWOK), and the operator un-routes the old revision then, so nothing can remove the old
+    # router pod. Frozen only once the new pod was Ready, the operator could un-route first and
+    # the old pod be gone before the freeze (the test then timed the stop 5 s late; run 6).
+    wait_for(lambda: router_pods(new_rev), "the new revision's router pod", 90, interval=0.05)
     manager.suspend()
     try:
         wait_for(lambda: v.ANNOTATION_DRAIN_UNTIL in marks(), "the old router turned off", 30)
         op.kill()
         time.sleep(DRAIN / 2)
-        assert all(pod_ready(p) for p in router_pods(old)), "the freeze did not hold the pod"
+        held = router_pods(old)
+        assert held and all(pod_ready(p) for p in held), "the freeze did not hold the pod"
     finally:
         manager.resume()
     wait_for(lambda: not router_pods(old), "the old router pod gone", 60, interval=0.05)
