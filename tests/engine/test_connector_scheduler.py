@@ -139,17 +139,22 @@ def test_decode_side_pulls_prompt_minus_backoff_and_refresh(
     assert decode_remote_tokens(checkpoints[3], connector, "mtp", 3) == expected_remote_tokens
 
 
-def prefill_shipped_blocks(checkpoint: Path, k: int, prompt_lens: range) -> dict[int, list[int]]:
-    """Per prompt length, the blocks (per KV cache group) the fixed prefiller queues for the
-    decoder once a remote-decode request (max_tokens 1, as the router sends it) has run."""
+def fixed_scheduler(checkpoint: Path, k: int, kv_role: str) -> Scheduler:
+    """vLLM's scheduler for one side of a fixed pair: MTP k, full-attention KV cache."""
     config = make_vllm_config(
         checkpoint,
         method="mtp",
         num_speculative_tokens=k,
-        kv_role="kv_producer",
+        kv_role=kv_role,
         connector=FIXED_CONNECTOR,
     )
-    scheduler = make_scheduler(config, full_attention_kv_cache_config())
+    return make_scheduler(config, full_attention_kv_cache_config())
+
+
+def prefill_shipped_blocks(checkpoint: Path, k: int, prompt_lens: range) -> dict[int, list[int]]:
+    """Per prompt length, the blocks (per KV cache group) the fixed prefiller queues for the
+    decoder once a remote-decode request (max_tokens 1, as the router sends it) has run."""
+    scheduler = fixed_scheduler(checkpoint, k, "kv_producer")
     requests = {
         n: make_request(n, kv_transfer_params=remote_decode_params(f"p{n}"), max_tokens=1)
         for n in prompt_lens
@@ -179,14 +184,7 @@ def prefill_shipped_blocks(checkpoint: Path, k: int, prompt_lens: range) -> dict
 
 def decode_requested_blocks(checkpoint: Path, k: int, prompt_lens: range) -> dict[int, list[int]]:
     """Per prompt length, the blocks the fixed decoder asks the prefiller to fill."""
-    config = make_vllm_config(
-        checkpoint,
-        method="mtp",
-        num_speculative_tokens=k,
-        kv_role="kv_consumer",
-        connector=FIXED_CONNECTOR,
-    )
-    scheduler = make_scheduler(config, full_attention_kv_cache_config())
+    scheduler = fixed_scheduler(checkpoint, k, "kv_consumer")
     requests = {
         n: make_request(n, kv_transfer_params=remote_prefill_params(f"d{n}")) for n in prompt_lens
     }
