@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from builders import PDDBuilder
+from builders import PDDBuilder, unjudged
 from cluster.kubehelpers import wait_for
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
@@ -264,7 +264,8 @@ def get_pdd(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
 
 
 def create_pdd(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-    body = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
+    """Create `body` in `namespace`, judged only if it says how (`builders.unjudged`)."""
+    body = unjudged({**body, "metadata": {**body["metadata"], "namespace": namespace}})
     obj: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
         *CUSTOM, namespace, v.PLURAL, body
     )

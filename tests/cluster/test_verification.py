@@ -204,6 +204,7 @@ def test_a_canary_that_accepts_fewer_drafts_is_rolled_back_and_a_healthy_one_pro
     name = "judged"
     b = ready_after(pdd(name).mtp(3, modules=3).prefill(replicas=2).decode(replicas=2), 500)
     b.rollout(drainSeconds=1, canary={"percent": 50, "autoPromote": True})
+    b.set(verification={"mode": "Rollback"})  # the default, said: the harness reports otherwise
     with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
         old = start(cluster, files, namespace, b)
         done = verify(cluster, namespace, name)
@@ -313,3 +314,57 @@ def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls
         # 60 a minute, one at a time: never more than one a second per revision.
         assert 2 <= len(to(healthy)) <= time.monotonic() - started + 2, len(to(healthy))
         assert len(to(old)) <= time.monotonic() - started + 2, len(to(old))
+
+
+def test_the_default_mode_holds_the_smallest_deployment_for_its_verdict(
+    cluster: Cluster, namespace: str, judging: OperatorProcess
+) -> None:
+    """1 prefill, 1 decode, mode Rollback (the default): a roll whose pulls fail is rolled back
+    with the old revision's pods never touched (before, its router and pods were gone before
+    the verdict came); a silent one waits for its verdict until the progress deadline, and then
+    goes on unverified, said in a Warning and in the status."""
+    name = "single"
+    b = ready_after(pdd(name).mtp(3, modules=3), 500)
+    b.rollout(drainSeconds=1, progressDeadlineSeconds=20).set(verification={"mode": "Rollback"})
+    core = client.CoreV1Api(cluster.api_client)
+
+    def uids(revision: str) -> set[str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{v.LABEL_REVISION}={revision}")
+        return {p.metadata.uid for p in pods.items}
+
+    with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
+        old = start(cluster, files, namespace, b)
+        serving = uids(old)
+        assert len(serving) == 3, serving  # prefill, decode, router
+        watcher = watch(cluster, namespace, name, b)
+
+        def awaiting() -> Any:
+            c = condition(get_pdd(cluster.api_client, namespace, name), "Progressing")
+            return c if c is not None and c["reason"] == reasons.AWAITING_VERDICT else None
+
+        # The new decodes report nothing until the roll has had every chance to retire the old
+        # revision (its pods are Ready, drainSeconds 1): it waits, the old pods untouched.
+        b.mtp(2, modules=3)
+        failing = compat_revision(b.build().spec)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        wait_for(awaiting, "AwaitingVerdict", 60, interval=0.5)
+        assert uids(old) == serving
+        files.by_revision[failing] = handoff(6, 1, failed=4)
+        verified(cluster, namespace, name, "False", reasons.KV_LOAD_FAILED)
+        wait_for(lambda: revisions(cluster, namespace) == {old}, "the failed revision gone", 90)
+        assert uids(old) == serving
+
+        b.mtp(1, modules=3)
+        silent = compat_revision(b.build().spec)
+        watcher.expect(b.build().spec)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        wait_for(awaiting, "AwaitingVerdict", 60, interval=0.5)
+        assert uids(old) == serving
+        settled = wait_settled(cluster.api_client, namespace, name, timeout=90)
+        watcher.stop()
+        assert settled["status"]["currentRevision"] == silent
+        assert "no verdict within 20s" in settled["status"]["rollout"]["verdictWaived"]
+        events = core.list_namespaced_event(namespace).items
+        assert any(e.reason == reasons.VERDICT_WAIVED and silent in e.message for e in events)
+        assert watcher.violations == [], (watcher.violations[:5], watcher.views)

@@ -66,6 +66,7 @@ def spec_for(kind: Kind, k: int, decode_groups: int) -> dict[str, Any]:
         # A 15 s preStop (grace less the engine's 30 s shutdown): the window in which a group
         # whose worker is being deleted leaves the router while its leader still answers.
         .set(pod={"terminationGracePeriodSeconds": 45})
+        .unjudged()  # the floor in whole groups is the question, not the verdict's hold
         .dict()
     )
 

@@ -94,6 +94,7 @@ def spec_for(kind: Kind) -> dict[str, Any]:
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # Emulated engines stop at once: 3 s of serving after they are told to stop.
         .set(pod={"terminationGracePeriodSeconds": 33})
+        .unjudged()  # the policies are the question, not the verdict's hold
         .dict()
     )
 

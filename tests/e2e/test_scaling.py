@@ -37,6 +37,7 @@ def spec_for(kind: Kind, prefill: int, decode: int) -> dict[str, Any]:
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # Emulated engines stop at once: 3 s of serving after they are told to stop.
         .set(pod={"terminationGracePeriodSeconds": 33})
+        .unjudged()  # its rolls carry no load to judge them by
         .dict()
     )
 

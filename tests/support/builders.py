@@ -107,6 +107,11 @@ class PDDBuilder:
         self.spec.update(fields)
         return self
 
+    def unjudged(self) -> PDDBuilder:
+        """Report the verdict, act on nothing (`unjudged`)."""
+        self.obj = unjudged(self.obj)
+        return self
+
     def dict(self) -> dict[str, Any]:
         return copy.deepcopy(self.obj)
 
@@ -119,3 +124,16 @@ class PDDBuilder:
 
 def pdd(name: str = "demo", namespace: str | None = None) -> PDDBuilder:
     return PDDBuilder(name, namespace)
+
+
+def unjudged(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` with spec.verification.mode Report, unless the test set spec.verification itself.
+    The default mode holds a rollout's old revision until the new one has a verdict, which needs
+    engine metrics and traffic: the control-plane tier's engines publish none unless a test
+    writes them, and kind's get traffic only under a load run. A test of something else would
+    wait for the progress deadline; the tests of the verdict set spec.verification."""
+    if obj.get("kind") != "PDDeployment" or "verification" in obj.get("spec", {}):
+        return obj
+    out = copy.deepcopy(obj)
+    out["spec"]["verification"] = {"mode": "Report"}
+    return out

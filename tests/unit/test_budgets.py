@@ -288,7 +288,9 @@ def test_scaling_rewrites_no_deployment_budget() -> None:
 
 
 def test_a_paired_rollout_moves_the_budgets_and_retires_the_old_ones_first() -> None:
-    cluster = cluster_of(pdd("x").prefill(replicas=2).decode(replicas=2).rollout(drainSeconds=0))
+    # Report: no engine metrics here, and the budgets are the question, not the verdict's hold.
+    b = pdd("x").prefill(replicas=2).decode(replicas=2).rollout(drainSeconds=0)
+    cluster = cluster_of(b.set(verification={"mode": "Report"}))
     old = compat_revision(PDDeployment.model_validate(cluster.body).spec)
     settle(cluster, NOW)
     new = revise(cluster, speculative={"method": "mtp", "numSpeculativeTokens": 2})

@@ -211,6 +211,9 @@ def body(
             "prefill": shapes["prefill"].role_spec(counts["prefill"]),
             "decode": shapes["decode"].role_spec(counts["decode"]),
             "router": {"replicas": routers},
+            # No engine metrics here: the default mode would hold the old revision's last pods
+            # for a verdict that never comes (test_verdict_simulation judges rollouts).
+            "verification": {"mode": "Report"},
             "rollout": {
                 "maxSurge": rollout.max_surge,
                 "maxUnavailable": rollout.max_unavailable,

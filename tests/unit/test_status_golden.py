@@ -71,9 +71,11 @@ def mid_rollout() -> dict[str, Any]:
 
 
 def draining() -> dict[str, Any]:
-    old = pdd("x").mtp(3, modules=3).rollout(drainSeconds=30)
+    # Report: no verdict holds the old revision (these pods publish no metrics).
+    old = pdd("x").mtp(3, modules=3).rollout(drainSeconds=30).set(verification={"mode": "Report"})
     fc = serving(old)
-    respec(fc, pdd("x").mtp(2, modules=3).rollout(drainSeconds=30), 2)
+    new = pdd("x").mtp(2, modules=3).rollout(drainSeconds=30).set(verification={"mode": "Report"})
+    respec(fc, new, 2)
     for t in range(10, 16):
         fc.reconcile(NOW + t)
         fc.run_pods()

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.status import PDDeploymentStatus
+from pdmtp.api.status import Condition, PDDeploymentStatus
 from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
 from pdmtp.core.agreement import check
 from pdmtp.core.context import Context
@@ -27,6 +27,7 @@ from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.rollout.steering import Health, steer, target_and_policy
 from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.status.events import condition_events
 from pdmtp.core.verification.revisions import (
     expected_backoff,
     gate,
@@ -242,7 +243,7 @@ def verdict(outcome: Outcome, finding: Finding = Finding.VERIFIED) -> Verdict:
         ("Gate", Outcome.PENDING, False, True, False),
         ("Gate", Outcome.VERIFIED, False, False, True),
         ("Rollback", Outcome.FAILED, True, False, False),
-        ("Rollback", Outcome.PENDING, False, False, False),
+        ("Rollback", Outcome.PENDING, False, True, False),
         ("Rollback", Outcome.VERIFIED, False, False, True),
         ("Report", Outcome.FAILED, False, False, False),
         ("Report", Outcome.VERIFIED, False, False, True),
@@ -254,6 +255,8 @@ def test_what_each_mode_makes_of_a_verdict(
 ) -> None:
     g = gate(VerificationSpec(mode=mode), verdict(outcome, Finding.PULL_FAILED))
     assert (g.failure is not None, g.awaiting is not None, g.verified) == (fails, awaits, verified)
+    # Only the default mode lets a rollout go on when no verdict comes by the deadline.
+    assert g.release_at_deadline == (awaits and mode == "Rollback")
     assert gate(VerificationSpec(mode=mode), None).failure is None
 
 
@@ -437,12 +440,39 @@ def test_a_new_revision_whose_pulls_fail_is_rolled_back_with_the_reason() -> Non
     assert reasons.ROLLBACK_STARTED in said and reasons.KV_LOAD_FAILED in said
 
 
-def test_rollback_mode_never_waits_for_a_verdict() -> None:
-    cluster, _ = start(pdd("x").mtp(2, modules=3))
+def test_rollback_mode_keeps_the_old_pods_for_a_verdict_until_the_deadline_then_goes_on() -> None:
+    """The default mode, with the rollout's default counts (1 prefill, 1 decode): the old
+    revision serves until the new one has a verdict; none by the deadline, the rollout goes on
+    unverified, says so once, and does not hold again for this spec (issue 50)."""
+    cluster, old = start(pdd("x").mtp(2, modules=3).rollout(progressDeadlineSeconds=30))
     new = new_revision(cluster)
     rounds(cluster, NOW + 10, 16)
-    assert revisions(cluster) == {new}
+    assert revisions(cluster) == {old, new}
+    assert condition(cluster, "Progressing")["reason"] == reasons.AWAITING_VERDICT
     assert condition(cluster, "Verified")["reason"] == reasons.NO_METRICS
+    said = []
+    for i in range(12):
+        said += [e.reason for e in cluster.reconcile(NOW + 50 + 10 * i).events]
+        cluster.run_pods()
+    rounds(cluster, NOW + 200, 30)
+    assert revisions(cluster) == {new}
+    assert said.count(reasons.VERDICT_WAIVED) == 1, said
+    waived = cluster.body["status"]["rollout"]["verdictWaived"]
+    assert waived.startswith("no verdict within 30s"), waived
+    assert condition(cluster, "Progressing")["reason"] == reasons.ROLLOUT_COMPLETE
+
+
+def test_rollback_mode_rolls_back_a_failing_revision_however_small() -> None:
+    """1 prefill, 1 decode, the default mode: the new decodes' pulls fail before the old
+    revision is gone, since it waits for the verdict (issue 50: it used to be retired first)."""
+    cluster, old = start(pdd("x").mtp(2, modules=3))
+    new = new_revision(cluster)
+    rounds(cluster, NOW + 10, 16)
+    assert revisions(cluster) == {old, new}
+    report(cluster, new, scrape(0, 0, failed=5))
+    rounds(cluster, NOW + 26, 30)
+    assert revisions(cluster) == {old}
+    assert cluster.body["status"]["rollout"]["phase"] == "RolledBack"
 
 
 def test_gate_keeps_the_old_revision_serving_until_the_new_one_is_verified() -> None:
@@ -476,3 +506,24 @@ def test_gate_fails_a_rollout_whose_verdict_does_not_come_by_the_deadline() -> N
     status = cluster.body["status"]
     assert status["rollout"]["failure"].startswith("not Verified within 30s"), status["rollout"]
     assert revisions(cluster) == {old}
+
+
+def test_a_verdict_whose_evidence_moves_is_news_only_when_its_finding_changes() -> None:
+    """Verified's message carries the evidence, which moves at every scrape: a Failed verdict
+    re-judged as it stays Failed is one event, not one a scrape (the demo showed seven in 12 s);
+    another finding is news. Other warning conditions keep their rule: a new message is news."""
+
+    def verified(reason: str, message: str, type_: str = reasons.VERIFIED) -> Condition:
+        return Condition(
+            type=type_, status="False", reason=reason, message=message,
+            last_transition_time="2026-12-07T00:00:00Z",
+        )  # fmt: skip
+
+    regressed = reasons.ACCEPTANCE_REGRESSED
+    was = [verified(regressed, "0.716 accepted token(s) per draft against 1.409")]
+    assert condition_events([], was, [verified(regressed, "0.723 against 1.409")]) == []
+    (news,) = condition_events([], was, [verified(reasons.KV_LOAD_FAILED, "3 of 4 failed")])
+    assert news.reason == reasons.KV_LOAD_FAILED
+    refused = sorted(reasons.WARNING_REASONS)[0]
+    one, two = (verified(refused, m, type_=reasons.AVAILABLE) for m in ("one", "two"))
+    assert len(condition_events([], [one], [two])) == 1

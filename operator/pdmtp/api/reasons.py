@@ -221,9 +221,10 @@ CANARY_HOLD: Final = _reason(
 AWAITING_VERDICT: Final = _reason(
     PROGRESSING,
     "AwaitingVerdict",
-    "spec.verification.mode is Gate: the new revision serves and the old revision keeps its last "
-    "pods until the new one is Verified (a canary waits for it to promote by itself). A verdict "
-    "not reached within progressDeadlineSeconds fails the rollout.",
+    "spec.verification.mode is Rollback or Gate: the new revision serves and the old revision "
+    "keeps its last pods until the new one has a verdict (Gate: until it is Verified; a canary "
+    "waits for it to promote by itself). No verdict within progressDeadlineSeconds: Gate fails "
+    "the rollout, Rollback goes on unverified (VerdictWaived).",
     symptom="A roll stops with the old revision's last pods serving",
     action=(
         "Read the Verified condition: send traffic through the new revision, or promote it by "
@@ -490,6 +491,19 @@ ROLLBACK_STARTED: Final = _reason(
     "The new revision failed: rolling back to the old one (a Warning).",
     symptom="A rollout turns back",
     action="See RolledBack",
+)
+VERDICT_WAIVED: Final = _reason(
+    EVENT,
+    "VerdictWaived",
+    "spec.verification.mode Rollback: the new revision had no verdict within "
+    "progressDeadlineSeconds, so the old revision's last pods no longer wait for it and the "
+    "rollout goes on unverified (a Warning; status.rollout.verdictWaived says so until the spec "
+    "changes).",
+    symptom="A rollout completed while the Verified condition was not True",
+    action=(
+        "Send traffic through the new revision (or raise probeRequestsPerMinute) so a verdict "
+        "comes in time; mode Gate fails such a rollout instead of going on"
+    ),
 )
 GROUP_REMOVED: Final = _reason(
     EVENT,

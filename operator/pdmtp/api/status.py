@@ -151,6 +151,13 @@ class RolloutStatus(Model):
         default=None,
         description="During a canary hold: the new revision's share of router endpoints.",
     )
+    verdict_waived: str | None = Field(
+        default=None,
+        description=(
+            "Why the rollout went on without the new revision's verdict (spec.verification.mode "
+            "Rollback: none within progressDeadlineSeconds); kept until the spec changes."
+        ),
+    )
 
 
 WaitReason = Literal[

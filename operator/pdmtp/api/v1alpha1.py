@@ -552,13 +552,13 @@ class VerificationSpec(Model):
     mode: Literal["Gate", "Rollback", "Report", "Off"] = Field(
         default="Rollback",
         description=(
-            "Rollback (default): a new revision found Failed (KV pulls failing, decode-only "
-            "fallback, the wrong backoff, acceptance regressed) is rolled back as a failed "
-            "deadline is; a rollout never waits for a verdict. Gate: in addition the old "
-            "revision keeps its last pods, and a canary with autoPromote holds, until the new "
-            "revision is Verified (it needs traffic: a verdict not reached within "
-            "progressDeadlineSeconds fails the rollout). Report: judge and report only. Off: "
-            "judge nothing."
+            "Rollback (default): the old revision keeps its last pods until the new one has a "
+            "verdict, whatever the replica counts, and a new revision found Failed (KV pulls "
+            "failing, decode-only fallback, the wrong backoff, acceptance regressed) is rolled "
+            "back; with no verdict within progressDeadlineSeconds the rollout goes on "
+            "unverified. Gate: the same hold lasts until the new revision is Verified (and a "
+            "canary with autoPromote holds until then); no verdict in time fails the rollout. "
+            "Report: judge and report only. Off: judge nothing."
         ),
     )
     false_rollback_percent: float | None = Field(

@@ -11,8 +11,10 @@ there, as a Deployment keeps its own in its Progressing condition):
   status, so it is not retried until the spec changes; with `Hold` the rollout stays where it
   is and says so;
 - a verdict (`core.verification`): a new revision found Failed while an older one serves fails
-  as above; with spec.verification.mode Gate the old revision keeps its last pods until the new
-  one is Verified (`Policy.verifying`), and a verdict not reached by the deadline fails it;
+  as above; in the modes that act (Rollback, Gate) the old revision keeps its last pods until the
+  new one has a verdict (`Policy.verifying`), whatever the replica counts; a verdict not reached
+  by the deadline fails the rollout under Gate, and under Rollback lets it go on unverified
+  (remembered in the status, `verdictWaived`, until the spec changes);
 - `paused` freezes the planner; a `canary` holds the new revision at its share until the
   PDDeployment carries the `pdmtp.io/promote: <revision>` annotation (or, with autoPromote,
   until the new revision is Verified). Promotion by hand also releases a verdict's hold.
@@ -57,7 +59,11 @@ class Steering:
     promoted: bool = False
     """A canary hold was released by promotion in this reconcile."""
     awaiting_verdict: str | None = None
-    """Why the old revision keeps its last pods (spec.verification.mode Gate); None if free."""
+    """Why the old revision keeps its last pods (awaiting the new one's verdict); None if free."""
+    verdict_waived: str | None = None
+    """Why the rollout goes on without a verdict (mode Rollback, none by the deadline)."""
+    new_waiver: bool = False
+    """The verdict was waived in this reconcile (worth an event)."""
 
     @property
     def rolling_back(self) -> bool:
@@ -73,7 +79,10 @@ class Gate:
     finding: str | None = None
     """The failed verdict's reason (a Verified condition reason)."""
     awaiting: str | None = None
-    """Why the old revision keeps its last pods (mode Gate, not Verified yet); None if free."""
+    """Why the old revision keeps its last pods (no verdict yet); None if free."""
+    release_at_deadline: bool = False
+    """Mode Rollback: no verdict by progressDeadlineSeconds ends the hold, and the rollout goes
+    on unverified (mode Gate fails it instead)."""
     verified: bool = False
     """An auto-promoting canary may go on."""
 
@@ -131,6 +140,7 @@ def steer(
             failed_verdict=old.failed_verdict,
         )
     failure, deadline = failure_of(revision, spec, health, old, now, states)
+    waived, new_waiver = _waiver(revision, spec, health, old, now, states)
     failed_verdict = None
     if failure is None and anchor is not None:
         # A verdict is a rollout's failure only while an older revision serves beside it.
@@ -153,8 +163,10 @@ def steer(
     verified = canary is not None and canary.auto_promote and health.verification.verified
     held = canary is not None and not by_hand and not verified
     released = canary is not None and not held and old is not None and old.phase == "CanaryHold"
-    # The user's promotion overrides the verdict, as it does the canary hold.
-    awaiting = None if by_hand or anchor is None else health.verification.awaiting
+    # The user's promotion overrides the verdict, as it does the canary hold; so does a verdict
+    # waived at the deadline.
+    free = by_hand or anchor is None or waived is not None
+    awaiting = None if free else health.verification.awaiting
     steered = replace(
         policy,
         paused=spec.rollout.paused,
@@ -170,7 +182,51 @@ def steer(
         promoted=released,
         deadline=deadline,
         awaiting_verdict=awaiting,
+        verdict_waived=waived,
+        new_waiver=new_waiver,
     )
+
+
+def _overdue(revision: str, spec: PDDeploymentSpec, old: RolloutStatus | None, now: float) -> bool:
+    """The rollout to `revision` made no progress for progressDeadlineSeconds."""
+    if old is None or old.revision != revision or old.phase not in ("Progressing", "Failed"):
+        return False
+    since = parse_time(old.last_progress_at)
+    return since is not None and now - since > spec.rollout.progress_deadline_seconds
+
+
+def _waiver(
+    revision: str,
+    spec: PDDeploymentSpec,
+    health: Health,
+    old: RolloutStatus | None,
+    now: float,
+    states: Sequence[RevisionState],
+) -> tuple[str | None, bool]:
+    """Why the rollout to `revision` goes on without a verdict (None: it does not), and whether
+    that was decided now: under mode Rollback, a hold for a verdict that did not come within
+    progressDeadlineSeconds ends, once and for this spec."""
+    if old is not None and old.revision == revision and old.verdict_waived is not None:
+        return old.verdict_waived, False
+    gate = health.verification
+    if (
+        not gate.release_at_deadline
+        or not _held_for_verdict(revision, gate, states)
+        or not _overdue(revision, spec, old, now)
+    ):
+        return None, False
+    deadline = spec.rollout.progress_deadline_seconds
+    return f"no verdict within {deadline}s ({gate.awaiting}); going on unverified", True
+
+
+def _held_for_verdict(revision: str, gate: Gate, states: Sequence[RevisionState]) -> bool:
+    """The rollout to `revision` waits for nothing but its verdict: every pod it was given is
+    Ready. A revision whose pods never came up has made no progress, verdict or not (a missing
+    verdict must not waive an image that cannot be pulled)."""
+    state = next((s for s in states if s.revision == revision), None)
+    if gate.awaiting is None or state is None:
+        return False
+    return all(r.ready >= r.replicas for r in (state.prefill, state.decode))
 
 
 def _anchor(states: Sequence[RevisionState], revision: str) -> str | None:
@@ -200,14 +256,14 @@ def failure_of(
     if crashing:
         c = crashing[0]
         return f"{c.role} pod {c.pod} is crash-looping: {c.message}", False
-    if old is None or old.revision != revision or old.phase not in ("Progressing", "Failed"):
+    if not _overdue(revision, spec, old, now):
         return None, False
-    since = parse_time(old.last_progress_at)
     deadline = spec.rollout.progress_deadline_seconds
-    if since is None or now - since <= deadline:
-        return None, False
-    if health.verification.awaiting is not None:
-        return f"not Verified within {deadline}s: {health.verification.awaiting}", True
+    gate = health.verification
+    if _held_for_verdict(revision, gate, states):
+        if gate.release_at_deadline:
+            return None, False  # the verdict is waived instead (`_waiver`)
+        return f"not Verified within {deadline}s: {gate.awaiting}", True
     return f"no progress for {deadline}s: {waiting_for(revision, spec, health, states)}", True
 
 
@@ -285,6 +341,7 @@ def track(
         failed_generation=steering.failed_generation,
         rollback_revision=steering.rollback_revision,
         canary_traffic_percent=canary_share if phase == "CanaryHold" else None,
+        verdict_waived=steering.verdict_waived,
     )
 
 

@@ -228,7 +228,7 @@ def _controlled(
             "True",
             reasons.AWAITING_VERDICT,
             f"rolling to {target.revision}: the old revision keeps its last pods until "
-            f"{target.revision} is Verified, {steering.awaiting_verdict}",
+            f"{target.revision} has a verdict, {steering.awaiting_verdict}",
         )
     return None
 

@@ -28,11 +28,18 @@ def transition_event(t: Transition) -> Event:
     return Event("Warning" if bad else "Normal", t.reason, f"{t.type}={t.new}: {t.message}")
 
 
+def _news(was: Condition, now: Condition) -> bool:
+    if now.type == reasons.VERIFIED:
+        return was.reason != now.reason
+    return (was.reason, was.message) != (now.reason, now.message)
+
+
 def condition_events(
     transitions: Sequence[Transition], old: Sequence[Condition], new: Sequence[Condition]
 ) -> list[Event]:
     """Transitions, and a warning condition whose reason or message changed without a flip (a
-    refusal that moved on to another child is news; the same refusal again is not)."""
+    refusal that moved on to another child is news; the same refusal again is not). Verified's
+    message carries the evidence, which moves at every scrape: only its reason is news."""
     events = [transition_event(t) for t in transitions]
     flipped = {t.type for t in transitions}
     before = {c.type: c for c in old}
@@ -40,7 +47,7 @@ def condition_events(
         was = before.get(c.type)
         if c.type in flipped or c.reason not in reasons.WARNING_REASONS or was is None:
             continue
-        if (was.reason, was.message) != (c.reason, c.message):
+        if _news(was, c):
             events.append(Event("Warning", c.reason, f"{c.type}={c.status}: {c.message}"))
     return events
 
@@ -71,6 +78,14 @@ def rollout_events(steering: Steering) -> list[Event]:
     if steering.promoted:
         events.append(
             Event("Normal", reasons.PROMOTED, f"Promoted revision {steering.spec_revision}")
+        )
+    if steering.new_waiver:
+        events.append(
+            Event(
+                "Warning",
+                reasons.VERDICT_WAIVED,
+                f"Revision {steering.spec_revision}: {steering.verdict_waived}",
+            )
         )
     return events
 

@@ -18,7 +18,9 @@ names (vLLM's default, fail, where it names none): an old revision is judged by 
 rendered with, not by the spec.
 
 `gate` turns the spec's mode and the update revision's verdict into what the rollout does: fail
-(roll back) on Failed, hold the old revision and an auto-promoting canary until Verified.
+(roll back) on Failed; hold the old revision's last pods until there is a verdict (mode Rollback,
+up to the progress deadline, then the rollout goes on unverified) or until Verified (mode Gate, a
+deadline passed fails it); hold an auto-promoting canary until Verified.
 
 `replacements` picks the serving decode pods whose KV receives keep failing: each is marked
 (`pdmtp.io/replace`, which says why) and moved as a pod on a cordoned node is, its replacement
@@ -179,9 +181,8 @@ def gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:
         )
     if verdict.outcome == Outcome.VERIFIED:
         return Gate(verified=True)
-    if spec.mode == "Gate":
-        return Gate(awaiting=f"not Verified yet ({verdict.finding}): {verdict.message}")
-    return Gate()
+    awaiting = f"not Verified yet ({verdict.finding}): {verdict.message}"
+    return Gate(awaiting=awaiting, release_at_deadline=spec.mode == "Rollback")
 
 
 def marked(pods: Iterable[Obj]) -> dict[str, str]:
