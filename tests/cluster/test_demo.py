@@ -46,9 +46,10 @@ def demo_processes(demo_dir: Path) -> dict[str, int]:
     recorded: dict[str, tuple[int, float | None]] = {
         name: (pid, started) for name, (pid, started) in state.get("pids", {}).items()
     }
-    operator_pid = demo_dir / "operator.pid"
-    if operator_pid.exists():
-        recorded["operator"] = (int(operator_pid.read_text(encoding="utf-8")), None)
+    for process in ("operator", "engines"):  # the engines: hack/lib/demo_engines.py
+        pid_file = demo_dir / f"{process}.pid"
+        if pid_file.exists():
+            recorded[process] = (int(pid_file.read_text(encoding="utf-8")), None)
     alive = {}
     for name, (pid, started) in recorded.items():
         try:
@@ -128,11 +129,19 @@ def test_make_demo_then_demo_down(tmp_path: Path) -> None:
         )
         target = json.loads(verdict.stdout)["revision"]
         assert f"rolling to revision {target}" in out
+        # The verdict, shown: the first revision Verified (`pdmtp verify` exiting 0 ends the
+        # step), then the release that drafts worse rolled back on AcceptanceRegressed, and the
+        # spec put back, Verified again.
+        assert "Verified=True (HandoffVerified)" in out
+        assert "was judged AcceptanceRegressed" in out, out[-4000:]
         pdd = kubectl_json(demo_dir, "get", "pdd", "demo")
         assert pdd["spec"]["speculative"]["numSpeculativeTokens"] == 2
+        assert pdd["spec"]["model"].get("revision") != "worse-drafter"
+        assert "env" not in pdd["spec"]["decode"]
         assert pdd["status"]["currentRevision"] == target
-        assert condition(pdd, "Available")["status"] == "True"
         assert condition(pdd, "Progressing")["reason"] == "RolloutComplete"
+        assert condition(pdd, "Available")["status"] == "True"
+        assert condition(pdd, "Verified")["status"] == "True"
 
         def revisions_left() -> set[str]:
             pods = kubectl_json(demo_dir, "get", "pods", "-l", v.LABEL_REVISION)["items"]
@@ -140,7 +149,8 @@ def test_make_demo_then_demo_down(tmp_path: Path) -> None:
 
         # The old revision's pods drain for drainSeconds (5 s) after the rollout completes.
         wait_for(lambda: revisions_left() == {target}, f"only revision {target}'s pods", 60, 1)
-        assert demo_processes(demo_dir).keys() >= {"etcd", "kube-apiserver", "operator"}
+        processes = demo_processes(demo_dir).keys()
+        assert processes >= {"etcd", "kube-apiserver", "operator", "engines"}
     finally:
         ports = demo_ports(demo_dir)
         down = make("demo-down", demo_dir, 120)

@@ -517,6 +517,14 @@ REGISTRY: dict[str, Entry] = {
     "pdmtp rollout undo <NAME>": Run((UNDO,), "without --to-revision: back to the previous one"),
     # ---- docs/testing.md: the new reader's walk-through
     "make demo DEMO_DIR=/tmp/walk": Run((DEMO,), "with DEMO_DIR a temporary directory"),
+    "pdmtp verify demo": Run(
+        (DEMO,), "hack/demo.sh runs it: exit 0 when Verified, 1 after the worse release's rollback"
+    ),
+    "hack/lib/demo_engines.py": Run(
+        (DEMO,), "hack/demo.sh starts it; the test asks demo-down to stop it with the rest"
+    ),
+    "pdmtp rollout undo demo --to-revision 2": Run((UNDO,), "on the test's own PDDeployment"),
+    "pdmtp rollout undo": Run((UNDO,), "without --to-revision: back to the previous one"),
     "export KUBECONFIG=/tmp/walk/kubeconfig": Run(
         (DEMO,), "the kubeconfig the demo writes in DEMO_DIR, read by the test"
     ),
