@@ -245,7 +245,8 @@ def decide(observed: Observed, now: float) -> Decision:
         children = shared_children(ctx.pdd, ctx.agreement.settings)
         actions += [a for m in children if (a := apply_if_drifted(m, ctx.existing))]
     pods_there = frozenset(name_of(p) for p in ctx.raw_pods)
-    actions += _marks(removal, engines, stamp, to_replace, pods_there)
+    tags = revisions.replacements_of(ctx.raw_pods)
+    actions += _marks(removal, engines, stamp, to_replace, pods_there, tags)
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
     for p in removal.plans:
@@ -434,11 +435,13 @@ def _marks(
     stamp: str,
     replace: Mapping[str, str],
     pods_there: frozenset[str],
+    replacement_of: Mapping[str, str],
 ) -> list[Action]:
-    """The leaving and release marks engine pods must carry after this step, and the replace
-    mark of the pods to start replacing (`replace`: pod -> why). A multi-node group's marks live
-    on its leader pod: a group whose leader is gone is replaced
-    whole in this step, and there is nothing to mark (`pods_there`: the pods that exist)."""
+    """The leaving and release marks engine pods must carry after this step, the replace mark
+    (and its time) of the pods to start replacing (`replace`: pod -> why), and the tag of the
+    pods that replace them (`replacement_of`: pod -> the pod it replaces). A multi-node group's
+    marks live on its leader pod: a group whose leader is gone is replaced whole in this step,
+    and there is nothing to mark (`pods_there`: the pods that exist)."""
     changes = {pod: (leaving, released) for pod, leaving, released in removal.changes(engines)}
     out: list[Action] = []
     for was in sorted(engines, key=lambda e: e.name):
@@ -448,6 +451,9 @@ def _marks(
         notes: dict[str, str | None] = {}
         if was.name in replace:
             notes[v.ANNOTATION_REPLACE] = replace[was.name]
+            notes[v.ANNOTATION_REPLACE_SINCE] = stamp
+        if was.name in replacement_of:
+            notes[v.ANNOTATION_REPLACEMENT_OF] = replacement_of[was.name]
         if leaving != was.leaving:
             notes[v.ANNOTATION_LEAVING] = stamp if leaving else None
         if released != was.released:

@@ -44,6 +44,7 @@ from pdmtp.core.objects import (
     is_terminating,
     labels_of,
     name_of,
+    parse_time,
     pod_ready,
 )
 from pdmtp.core.rollout.planner import RevisionState, establishment
@@ -195,6 +196,31 @@ def marked(pods: Iterable[Obj]) -> dict[str, str]:
     }
 
 
+def replacements_of(pods: Iterable[Obj]) -> dict[str, str]:
+    """The decode pods to tag as replacements (`pdmtp.io/replacement-of`), each with the pod it
+    replaces: those of a replaced pod's revision created since its mark and not tagged yet."""
+    out: dict[str, str] = {}
+    live = [p for p in pods if not is_terminating(p)]
+    for old in live:
+        since = parse_time(annotations_of(old).get(v.ANNOTATION_REPLACE_SINCE))
+        if since is None or v.ANNOTATION_REPLACE not in annotations_of(old):
+            continue
+        revision = labels_of(old).get(v.LABEL_REVISION)
+        for p in live:
+            labels, notes = labels_of(p), annotations_of(p)
+            created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
+            if (
+                labels.get(v.LABEL_REVISION) == revision
+                and labels.get(v.LABEL_ROLE) == "decode"
+                and v.ANNOTATION_REPLACE not in notes
+                and v.ANNOTATION_REPLACEMENT_OF not in notes
+                and created is not None
+                and created >= since
+            ):
+                out.setdefault(name_of(p), name_of(old))
+    return out
+
+
 def replacements(
     spec: VerificationSpec,
     states: Sequence[RevisionState],
@@ -206,7 +232,10 @@ def replacements(
     serving revision (not one being rolled back) whose KV receives failed at least
     `replaceAfterFailedPulls` times, and at least as often as they succeeded, between their two
     latest scrapes; at most one per revision, and none in a revision that is replacing one
-    already. Modes Rollback and Gate only."""
+    already. A pod that is itself a replacement (`pdmtp.io/replacement-of`) is not replaced
+    again: failing as the pod it replaced did, the fault is the revision's, and replacing it
+    would only churn (the revision's Verified condition stays False instead). Modes Rollback
+    and Gate only."""
     if spec.mode not in ("Rollback", "Gate") or spec.replace_after_failed_pulls == 0:
         return {}
     already = marked(pods)
@@ -224,6 +253,7 @@ def replacements(
             or is_terminating(pod)
             or is_leaving(pod)
             or not pod_ready(pod)
+            or v.ANNOTATION_REPLACEMENT_OF in annotations_of(pod)
         ):
             continue
         scrapes = metrics.get(name_of(pod))
