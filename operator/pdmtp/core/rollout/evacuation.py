@@ -68,7 +68,9 @@ def _replicas(
     if not stranded or want == 0:
         return want
     serving_elsewhere = sum(e.ready and not e.leaving and not e.evacuate for e in live)
-    serving_stranded = sum(e.ready and not e.leaving for e in stranded)
+    # A broken pod (its pulls failing) is out of routing early, yet it still holds its place
+    # until its replacement is Ready: the role must come back to `want` pods that serve.
+    serving_stranded = sum(e.ready and (not e.leaving or e.broken) for e in stranded)
     # Out of routing already (the gate marked it), or not Ready: it serves nothing, it may go.
     idle = len(stranded) - serving_stranded
     spare = max(0, serving_elsewhere + serving_stranded - want)

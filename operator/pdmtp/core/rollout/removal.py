@@ -59,7 +59,11 @@ class EnginePod:
     template: str = ""
     """Its ReplicaSet's pod-template-hash: pods of an older template go first."""
     evacuate: bool = False
-    """On a cordoned node (a drain under way): it goes first (`core.rollout.evacuation`)."""
+    """On a cordoned node (a drain under way), or being replaced: it goes first
+    (`core.rollout.evacuation`)."""
+    broken: bool = False
+    """Being replaced because its KV pulls keep failing (`pdmtp.io/replace`): not capacity, so
+    out of routing at once while another pod of its revision and role serves (`_broken_out`)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,8 @@ def gate(
             blocked = [v for v in victims if v.url is not None and v.url in urls]
             free = [v for v in victims if v not in blocked]
             leaving.update(v.name for v in victims)
+            if routed:
+                leaving.update(_broken_out(live))
             released.update(v.name for v in free)
             gone = sum(v.released for v in free)
             if routed and want < current and gone < len(victims):
@@ -159,6 +165,17 @@ def gate(
         prefill, decode = held.get("prefill", p.prefill), held.get("decode", p.decode)
         out.append(replace(p, prefill=prefill, decode=decode))
     return Removal(tuple(out), frozenset(leaving), frozenset(released), tuple(waiting))
+
+
+def _broken_out(live: Sequence[EnginePod]) -> list[str]:
+    """The pods of one revision and role whose pulls keep failing that leave routing now, before
+    their replacement is Ready: every request a router sends one fails (loadFailurePolicy fail)
+    or is recomputed at the decode's cost, so it is not capacity. They go while another pod of
+    theirs is Ready and routed to take the requests; with none (a role of one), the broken pod
+    keeps serving until its replacement is listed, as before."""
+    if not any(e.ready and not e.leaving and not e.broken for e in live):
+        return []
+    return [e.name for e in live if e.broken]
 
 
 def _victims(live: Sequence[EnginePod], want: int, current: int, routed: bool) -> list[EnginePod]:
@@ -214,6 +231,7 @@ def removal_view(
                     template=labels.get("pod-template-hash", ""),
                     evacuate=(pod.get("spec") or {}).get("nodeName") in cordoned
                     or name_of(pod) in replacing,
+                    broken=name_of(pod) in replacing,
                 )
             )
     return engines, routers
