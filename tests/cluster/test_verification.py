@@ -184,6 +184,16 @@ def verified(cluster: Cluster, namespace: str, name: str, status: str, reason: s
         raise TimeoutError(f"{e}; Verified last said {last[0]}") from None
 
 
+def awaiting_verdict(cluster: Cluster, namespace: str, name: str, timeout: float = 60) -> Any:
+    """Wait until the roll holds the old revision's last pods for the new one's verdict."""
+
+    def held() -> Any:
+        c = condition(get_pdd(cluster.api_client, namespace, name), "Progressing")
+        return c if c is not None and c["reason"] == reasons.AWAITING_VERDICT else None
+
+    return wait_for(held, "Progressing=True AwaitingVerdict", timeout, interval=0.5)
+
+
 def healthy_k3() -> Callable[[], str]:
     """numSpeculativeTokens 3 over 3 MTP modules: lookahead 3, backoff 2; 1.5 accepted per draft,
     4 requests a write (twice a second)."""
@@ -274,14 +284,9 @@ def test_gate_holds_the_old_revision_until_verified_and_rolls_back_failing_pulls
         healthy = compat_revision(b.build().spec)
         watcher.expect(b.build().spec)
         patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
-
-        def awaiting() -> Any:
-            c = condition(get_pdd(cluster.api_client, namespace, name), "Progressing")
-            return c if c is not None and c["reason"] == reasons.AWAITING_VERDICT else None
-
-        wait_for(awaiting, "AwaitingVerdict", 90, interval=0.5)
+        awaiting_verdict(cluster, namespace, name, 90)
         judging.restart()
-        wait_for(awaiting, "AwaitingVerdict after a restart", 30, interval=0.5)
+        awaiting_verdict(cluster, namespace, name, 30)
         assert revisions(cluster, namespace) == {old, healthy}
         files.by_revision[healthy] = handoff(2, 3)  # 4 over both decodes: too few yet
         verified(cluster, namespace, name, "Unknown", reasons.AWAITING_REQUESTS)
@@ -338,29 +343,23 @@ def test_the_default_mode_holds_the_smallest_deployment_for_its_verdict(
         assert len(serving) == 3, serving  # prefill, decode, router
         watcher = watch(cluster, namespace, name, b)
 
-        def awaiting() -> Any:
-            c = condition(get_pdd(cluster.api_client, namespace, name), "Progressing")
-            return c if c is not None and c["reason"] == reasons.AWAITING_VERDICT else None
+        def roll_to(k: int) -> str:
+            """Roll to MTP k; the new decodes report nothing yet, so once its pods are Ready the
+            roll waits for the verdict with the old revision's pods untouched."""
+            b.mtp(k, modules=3)
+            watcher.expect(b.build().spec)
+            patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+            awaiting_verdict(cluster, namespace, name)
+            assert uids(old) == serving
+            return compat_revision(b.build().spec)
 
-        # The new decodes report nothing until the roll has had every chance to retire the old
-        # revision (its pods are Ready, drainSeconds 1): it waits, the old pods untouched.
-        b.mtp(2, modules=3)
-        failing = compat_revision(b.build().spec)
-        watcher.expect(b.build().spec)
-        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
-        wait_for(awaiting, "AwaitingVerdict", 60, interval=0.5)
-        assert uids(old) == serving
+        failing = roll_to(2)
         files.by_revision[failing] = handoff(6, 1, failed=4)
         verified(cluster, namespace, name, "False", reasons.KV_LOAD_FAILED)
         wait_for(lambda: revisions(cluster, namespace) == {old}, "the failed revision gone", 90)
         assert uids(old) == serving
 
-        b.mtp(1, modules=3)
-        silent = compat_revision(b.build().spec)
-        watcher.expect(b.build().spec)
-        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
-        wait_for(awaiting, "AwaitingVerdict", 60, interval=0.5)
-        assert uids(old) == serving
+        silent = roll_to(1)
         settled = wait_settled(cluster.api_client, namespace, name, timeout=90)
         watcher.stop()
         assert settled["status"]["currentRevision"] == silent
