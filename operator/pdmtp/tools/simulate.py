@@ -62,9 +62,9 @@ class SimWorkload:
     def observe(
         self, routed: frozenset[str] | None = None, steady: frozenset[str] = frozenset()
     ) -> RoleState:
-        """As `observe.revision_states` counts it; an engine role's `routed` are the engines its
-        revision's Ready router pods list (None for the router role), `steady` those its router
-        keeps listed through its own rollout."""
+        """As `core.rollout.states.revision_states` counts it; an engine role's `routed` are the
+        engines its revision's Ready router pods list (None for the router role), `steady` those
+        its router keeps listed through its own rollout."""
         serving = [p for p in self.active() if p.ready and not p.leaving]
         if routed is None:
             return RoleState(self.replicas, len(self.pods), len(serving))

@@ -221,7 +221,7 @@ def units(pods: Sequence[Obj], pod_groups: Sequence[Obj]) -> list[Obj]:
 
 def workloads(groups: Sequence[Group]) -> list[Obj]:
     """Per (revision, multi-node role) with a live group, a Deployment-shaped dict whose
-    `spec.replicas` is its live groups: what `observe.revision_states` reads."""
+    `spec.replicas` is its live groups: what `core.rollout.states.revision_states` reads."""
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for g in groups:
         if g.terminating:

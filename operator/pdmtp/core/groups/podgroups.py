@@ -17,7 +17,6 @@ so names are deterministic from what is observed. Nothing here reads the cluster
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 from pdmtp.api import vocabulary as v
@@ -236,8 +235,3 @@ def next_group_ids(taken: set[str], count: int) -> list[str]:
 
 def _owner(pdd: PDDeployment) -> Manifest:
     return dict(names.owner_reference(pdd.metadata.name, pdd.metadata.uid or ""))
-
-
-def is_grouped(labels: Mapping[str, str]) -> bool:
-    """A pod (or PodGroup) of a multi-node replica."""
-    return v.LABEL_GROUP in labels

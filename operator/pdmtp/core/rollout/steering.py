@@ -95,7 +95,7 @@ class Health:
     crash_looping: Sequence[PodIssue] = ()
     waiting: Sequence[PodIssue] = ()
     waits: Sequence[Wait] = ()
-    """What an unfinished step waits for, every revision and role (`observe.waits`)."""
+    """What an unfinished step waits for, every revision and role (`core.pods.waits`)."""
     verification: Gate = field(default_factory=Gate)
     """What the spec revision's verdict does to its rollout (`verification.gate`)."""
 

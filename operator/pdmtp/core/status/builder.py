@@ -406,7 +406,7 @@ class Observations:
     rejected: Sequence[PodIssue] = ()
     """Workloads whose pods the API server refuses."""
     waits: Sequence[Wait] = ()
-    """What an unfinished step waits for, ordered (`observe.waits`)."""
+    """What an unfinished step waits for, ordered (`core.pods.waits`)."""
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
     """Each revision's verdict (`core.verification`; none with spec.verification.mode Off)."""
 
