@@ -24,6 +24,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 
 from kubernetes import client, config
 from pdmtp.api.vocabulary import ENV_EXPECTED_BACKOFF, LABEL_ROLE
+from pdmtp.scrape import DirectorySource
 
 ACCEPTANCE_KNOB = "PDMTP_EMULATOR_ACCEPTANCE_RATE"
 DEFAULT_ACCEPTANCE = 0.7  # the emulator's default (pdmtp_emulator.scheduler.Tuning)
@@ -87,9 +89,10 @@ def engine_of(pod: Any) -> Engine | None:
 
 
 def publish(root: Path, namespace: str, pod: str, text: str) -> None:
-    """Whole or not at all, as `pdmtp.scrape.DirectorySource` reads: `<root>/<ns>/<pod>.prom`."""
-    path = root / namespace / f"{pod}.prom"
-    part = path.with_name(f".{path.name}.part")
+    """Write what `pod` exports where `--metrics-source dir:ROOT` reads it, whole, as
+    `DirectorySource` asks of a writer (the cluster tier's harness writes with this too)."""
+    path = DirectorySource(root).path_of(namespace, pod)
+    part = path.with_name(f".{path.name}.{threading.get_ident()}")
     part.write_text(text)
     os.replace(part, path)
 

@@ -45,7 +45,6 @@ from pdmtp.core.rollout.planner import Policy, RevisionState
 from pdmtp.core.rollout.removal import listed_engines
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import target_and_policy
-from pdmtp.scrape import DirectorySource
 from pdmtp.webhook import MANAGED_CONFIGURATION
 
 CUSTOM = (v.GROUP, v.VERSION)
@@ -219,15 +218,6 @@ class OperatorProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
-
-
-def publish_metrics(root: Path, namespace: str, pod: str, text: str) -> None:
-    """Write what `pod` exports where `--metrics-source dir:ROOT` reads it, whole, as
-    `DirectorySource` asks of a writer."""
-    path = DirectorySource(root).path_of(namespace, pod)
-    part = path.with_name(f".{path.name}.{threading.get_ident()}")
-    part.write_text(text)
-    os.replace(part, path)
 
 
 def delete_webhook_configuration(api: client.ApiClient) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, wait_for
+from demo_engines import publish
 from kubernetes import client
 from operator_harness import (
     OperatorProcess,
@@ -24,7 +25,6 @@ from operator_harness import (
     create_pdd,
     get_pdd,
     patch_spec,
-    publish_metrics,
     ready_after,
     wait_settled,
 )
@@ -104,7 +104,7 @@ class MetricsFiles:
             for p in pods:
                 text = self.load.get((p.metadata.labels or {}).get(v.LABEL_ROLE, ""))
                 if text is not None:
-                    publish_metrics(self.root, self.namespace, p.metadata.name, text)
+                    publish(self.root, self.namespace, p.metadata.name, text)
 
 
 def autoscaled(name: str, **auto: Any) -> PDDBuilder:

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from builders import PDDBuilder, pdd
 from cluster.kubehelpers import Cluster, wait_for
+from demo_engines import publish
 from kubernetes import client
 from operator_harness import (
     OperatorProcess,
@@ -36,7 +37,6 @@ from operator_harness import (
     create_pdd,
     get_pdd,
     patch_spec,
-    publish_metrics,
     ready_after,
     wait_settled,
 )
@@ -132,7 +132,7 @@ class HandoffFiles:
                 if callable(text):
                     text = text()
                 if text is not None:
-                    publish_metrics(self.root, self.namespace, p.metadata.name, text)
+                    publish(self.root, self.namespace, p.metadata.name, text)
 
 
 @pytest.fixture

@@ -66,9 +66,9 @@ ANNOTATION_LEAVING: Final = f"{GROUP}/leaving"
 """On an engine pod: out of routing before it is removed (RFC 3339 time it was marked)."""
 ANNOTATION_REPLACE: Final = f"{GROUP}/replace"
 """On an engine pod the operator replaces (its KV pulls kept failing): why. Its replacement comes
-first, then it leaves as a pod on a cordoned node does (`core.rollout.evacuation`).
-ANNOTATION_REPLACE_SINCE marks when (RFC 3339)."""
+first, then it leaves as a pod on a cordoned node does (`core.rollout.evacuation`)."""
 ANNOTATION_REPLACE_SINCE: Final = f"{GROUP}/replace-since"
+"""Beside ANNOTATION_REPLACE: when the pod was marked (RFC 3339); pods started since replace it."""
 ANNOTATION_REPLACEMENT_OF: Final = f"{GROUP}/replacement-of"
 """On a decode pod started while another of its revision was being replaced: that pod's name. A
 replacement that fails as the pod it replaced did shows a fault of the revision's, not the

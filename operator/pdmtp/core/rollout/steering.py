@@ -140,7 +140,9 @@ def steer(
             failed_verdict=old.failed_verdict,
         )
     failure, deadline = failure_of(revision, spec, health, old, now, states)
-    waived, new_waiver = _waiver(revision, spec, health, old, now, states)
+    overdue = _overdue(revision, spec, old, now)
+    waiting_only = _held_for_verdict(revision, health.verification, states)
+    waived, new_waiver = _waiver(revision, health.verification, old, overdue and waiting_only, spec)
     failed_verdict = None
     if failure is None and anchor is not None:
         # A verdict is a rollout's failure only while an older revision serves beside it.
@@ -196,24 +198,15 @@ def _overdue(revision: str, spec: PDDeploymentSpec, old: RolloutStatus | None, n
 
 
 def _waiver(
-    revision: str,
-    spec: PDDeploymentSpec,
-    health: Health,
-    old: RolloutStatus | None,
-    now: float,
-    states: Sequence[RevisionState],
+    revision: str, gate: Gate, old: RolloutStatus | None, overdue: bool, spec: PDDeploymentSpec
 ) -> tuple[str | None, bool]:
     """Why the rollout to `revision` goes on without a verdict (None: it does not), and whether
     that was decided now: under mode Rollback, a hold for a verdict that did not come within
-    progressDeadlineSeconds ends, once and for this spec."""
+    progressDeadlineSeconds (`overdue`: the roll waited for nothing else) ends, once and for
+    this spec."""
     if old is not None and old.revision == revision and old.verdict_waived is not None:
         return old.verdict_waived, False
-    gate = health.verification
-    if (
-        not gate.release_at_deadline
-        or not _held_for_verdict(revision, gate, states)
-        or not _overdue(revision, spec, old, now)
-    ):
+    if not (gate.release_at_deadline and overdue):
         return None, False
     deadline = spec.rollout.progress_deadline_seconds
     return f"no verdict within {deadline}s ({gate.awaiting}); going on unverified", True
