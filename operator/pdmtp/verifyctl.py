@@ -62,7 +62,8 @@ def _row(revision: Mapping[str, Any]) -> dict[str, str]:
 
 
 def table(status: Mapping[str, Any]) -> str:
-    """One line per revision, with the message of each verdict below the table."""
+    """One line per revision, with the message of each verdict below the table, then each
+    role-local roll's verdict."""
     revisions: Sequence[Mapping[str, Any]] = status.get("revisions") or []
     rows = [_row(r) for r in revisions]
     header = [title for title, _ in _COLUMNS]
@@ -75,6 +76,11 @@ def table(status: Mapping[str, Any]) -> str:
         judged = r.get("verification")
         if judged:
             out.append(f"{r.get('revision')}: {judged.get('message', '')}")
+    for roll in status.get("templateRolls") or []:
+        out.append(
+            f"{roll.get('revision')}, {roll.get('role')} template {roll.get('template')} "
+            f"({roll.get('phase')}, from {roll.get('verifiedTemplate')}): {roll.get('message')}"
+        )
     return "\n".join(out)
 
 

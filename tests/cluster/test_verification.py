@@ -4,6 +4,8 @@ test writes what each revision's decodes would export), judges each revision, an
 
 - a canary with autoPromote whose new revision accepts fewer drafts is rolled back by itself,
   the reason in status, an event and `pdmtp verify`'s exit code; a healthy one promotes itself;
+- a role-local change is held at its first new pod and judged as a revision is; one whose
+  engines lack the fixed connector goes back to the Verified template;
 - under mode Gate, a paired roll keeps the old revision's last pods until the new revision is
   Verified: one whose pulls fail is rolled back without the old revision ever being retired, a
   healthy one completes once its decodes have pulled enough: with no client sending, enough of
@@ -42,7 +44,7 @@ from operator_harness import (
 )
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.revision import compat_revision
+from pdmtp.core.revision import compat_revision, role_hash
 from pdmtp.verifyctl import EXIT_FAILED, EXIT_VERIFIED
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
@@ -65,6 +67,20 @@ def handoff(
         "pdmtp:kv_backoff_tokens": requests * backoff,
         "pdmtp:kv_decode_only_requests": 0,
         "vllm:mooncake_num_failed_recvs": failed,
+        "vllm:spec_decode_num_drafts": drafts,
+        "vllm:spec_decode_num_accepted_tokens": accepted,
+    }
+    return "".join(
+        f"# TYPE {name}_total counter\n{name}_total{labels} {value}\n"
+        for name, value in series.items()
+    )
+
+
+def unfixed(drafts: int = 40, accepted: int = 60) -> str:
+    """A decode whose engine lacks the fixed connector: vLLM's counters, no hand-off counts."""
+    labels = '{model_name="m",engine="0"}'
+    series = {
+        "vllm:mooncake_num_failed_recvs": 0,
         "vllm:spec_decode_num_drafts": drafts,
         "vllm:spec_decode_num_accepted_tokens": accepted,
     }
@@ -103,6 +119,8 @@ class HandoffFiles:
     name: str
     by_revision: dict[str, str | Callable[[], str]] = field(default_factory=dict)
     """Per revision, its decodes' metrics, or what makes them (read at each write)."""
+    by_template: dict[str, str | Callable[[], str]] = field(default_factory=dict)
+    """Per role hash (`pdmtp.io/role-hash`), before the revision's: a role-local change."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -128,7 +146,10 @@ class HandoffFiles:
             except Exception:
                 continue
             for p in pods:
-                text = self.by_revision.get((p.metadata.labels or {}).get(v.LABEL_REVISION, ""))
+                template = (p.metadata.annotations or {}).get(v.ANNOTATION_ROLE_HASH, "")
+                text = self.by_template.get(template) or self.by_revision.get(
+                    (p.metadata.labels or {}).get(v.LABEL_REVISION, "")
+                )
                 if callable(text):
                     text = text()
                 if text is not None:
@@ -367,3 +388,65 @@ def test_the_default_mode_holds_the_smallest_deployment_for_its_verdict(
         events = core.list_namespaced_event(namespace).items
         assert any(e.reason == reasons.VERDICT_WAIVED and silent in e.message for e in events)
         assert watcher.violations == [], (watcher.violations[:5], watcher.views)
+
+
+def test_a_role_local_change_is_held_at_its_first_new_pod_and_goes_back_if_it_fails(
+    cluster: Cluster, namespace: str, judging: OperatorProcess
+) -> None:
+    """Mode Gate, 2 decodes (issue 50, item 3): a decode env change whose engines lack the fixed
+    connector is held by the Deployment controller itself at its first new pod (the operator's
+    minReadySeconds), judged against the old template, and the Deployment goes back to the
+    Verified template with the old decodes never touched; a healthy change then rolls through
+    once its first new pod is Verified."""
+    name = "local"
+    b = ready_after(pdd(name).mtp(3, modules=3).decode(replicas=2), 500)
+    b.rollout(drainSeconds=1).set(verification={"mode": "Gate"})
+    core = client.CoreV1Api(cluster.api_client)
+    apps = client.AppsV1Api(cluster.api_client)
+
+    def decodes() -> dict[str, str]:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{v.LABEL_ROLE}=decode").items
+        return {
+            p.metadata.uid: (p.metadata.annotations or {}).get(v.ANNOTATION_ROLE_HASH, "")
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+        }
+
+    def roll(phase: str) -> Any:
+        rolls = get_pdd(cluster.api_client, namespace, name)["status"].get("templateRolls") or []
+        return next((r for r in rolls if r["phase"] == phase), None)
+
+    def change(value: str) -> str:
+        env = [{"name": "PDMTP_EMULATOR_FIXED_CONNECTOR", "value": value}]
+        b.decode(env=env)
+        patch_spec(cluster.api_client, namespace, name, b.dict()["spec"])
+        return role_hash(b.build().spec, "decode")
+
+    with HandoffFiles(cluster.api_client, judging.metrics_dir, namespace, name) as files:
+        old = start(cluster, files, namespace, b)
+        before = decodes()
+        assert len(before) == 2, before
+        broken = change("0")
+        files.by_template[broken] = unfixed()
+        failed = wait_for(lambda: roll("Failed"), "the broken template Failed", 90, interval=0.5)
+        assert failed["reason"] == reasons.HANDOFF_NOT_REPORTED, failed
+        verified(cluster, namespace, name, "False", reasons.HANDOFF_NOT_REPORTED)
+        wait_for(lambda: decodes() == before, "the decodes back to the old pods only", 60)
+        deployment = apps.read_namespaced_deployment(f"{name}-{old}-decode", namespace)
+        template = deployment.spec.template.metadata.annotations[v.ANNOTATION_ROLE_HASH]
+        assert template == failed["verifiedTemplate"] == next(iter(before.values()))
+        events = core.list_namespaced_event(namespace).items
+        said = [e.reason for e in events]
+        assert reasons.TEMPLATE_HELD in said and reasons.TEMPLATE_ROLLED_BACK in said, said
+
+        fixed = change("1")
+        files.by_template[fixed] = healthy_k3()
+        wait_for(
+            lambda: set(decodes().values()) == {fixed} and len(decodes()) == 2,
+            "the healthy template rolled through",
+            120,
+        )
+        verified(cluster, namespace, name, "True", reasons.HANDOFF_VERIFIED)
+        assert not get_pdd(cluster.api_client, namespace, name)["status"].get("templateRolls")
+        said = [e.reason for e in core.list_namespaced_event(namespace).items]
+        assert reasons.TEMPLATE_VERIFIED in said, said

@@ -55,6 +55,9 @@ class FakeCluster:
     """Simulation: every write the API server refused, in order."""
     metrics: dict[str, PodMetrics] = field(default_factory=dict)
     """The engine pods' scrapes by pod name, as the scraper would hand them over."""
+    unique_names: bool = False
+    """New pods get names never used before (as the ReplicaSet's random suffixes are), not the
+    lowest free index: a pod's scrapes then never pass to its replacement."""
     cordoned: frozenset[str] = frozenset()
     """Nodes marked unschedulable (a drain begun): new pods never land there (each new pod gets
     a node of its own)."""
@@ -193,7 +196,11 @@ class FakeCluster:
             template = dep["spec"]["template"]
             stamp = short_hash(template, 10)
             mine = [n for n in self.pods if n.rsplit("-", 1)[0] == name]
-            for old in [n for n in mine if self._label(n, "pod-template-hash") != stamp]:
+            outdated = [n for n in mine if self._label(n, "pod-template-hash") != stamp]
+            if outdated and (dep["spec"].get("minReadySeconds") or 0) > 0:
+                self._held_roll(dep, stamp, dep["spec"]["replicas"], outdated, ready)
+                continue
+            for old in outdated:
                 del self.pods[old]
             mine = sorted(
                 (n for n in self.pods if n.rsplit("-", 1)[0] == name),
@@ -280,7 +287,11 @@ class FakeCluster:
         if dep["metadata"]["labels"].get(v.LABEL_ROLE) == "router":
             self._roll_router(dep, stamp, want)
             return
-        for old in [n for n in self._live(name) if self._label(n, "pod-template-hash") != stamp]:
+        outdated = [n for n in self._live(name) if self._label(n, "pod-template-hash") != stamp]
+        if outdated and (dep["spec"].get("minReadySeconds") or 0) > 0:
+            self._held_roll(dep, stamp, want, outdated)
+            return
+        for old in outdated:
             self.delete_pod(old)
         live = self._live(name)
         ranked = sorted(
@@ -296,6 +307,25 @@ class FakeCluster:
             self.delete_pod(extra)
         for _ in range(want - len(live)):
             self._new_pod(dep, stamp)
+
+    def _held_roll(
+        self, dep: Obj, stamp: str, want: int, outdated: list[str], ready: bool = False
+    ) -> None:
+        """A rolling update whose new pods never become available (a long minReadySeconds):
+        the old pods go down to `want - maxUnavailable` (unready first), and new pods come up to
+        `want + maxSurge` pods in all, and no further."""
+        name = dep["metadata"]["name"]
+        rolling = (dep["spec"].get("strategy") or {}).get("rollingUpdate") or {}
+        surge, unavailable = int(rolling.get("maxSurge", 1)), int(rolling.get("maxUnavailable", 0))
+        keep = max(want - unavailable, 0)
+        for pod in sorted(outdated, key=lambda n: (self._ready(n), -self._created(n), n))[
+            : max(len(outdated) - keep, 0)
+        ]:
+            self.delete_pod(pod)
+        live = self._live(name)
+        current = [n for n in live if self._label(n, "pod-template-hash") == stamp]
+        for _ in range(max(min(want + surge - len(live), want - len(current)), 0)):
+            self._new_pod(dep, stamp, ready)
 
     def _roll_router(self, dep: Obj, stamp: str, want: int) -> None:
         """The router Deployment's rolling update (maxSurge 1, maxUnavailable 0): an outdated
@@ -326,6 +356,8 @@ class FakeCluster:
         name = dep["metadata"]["name"]
         template = dep["spec"]["template"]
         index = next(i for i in range(len(self.pods) + 1) if f"{name}-{i}" not in self.pods)
+        if self.unique_names:
+            index = self.next_ip
         pod_name = f"{name}-{index}"
         metadata = {
             "name": pod_name,

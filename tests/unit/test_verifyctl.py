@@ -74,3 +74,17 @@ def test_the_exit_code_is_the_update_revisions_verdict(status: str, reason: str,
 def test_a_generation_not_judged_yet_is_pending() -> None:
     assert outcome(obj("True", "HandoffVerified", generation=3))[0] == EXIT_PENDING
     assert outcome({"metadata": {}, "status": {}})[0] == EXIT_PENDING
+
+
+def test_a_role_local_roll_is_listed_below_the_revisions() -> None:
+    status = obj("False", "HandoffNotReported")["status"]
+    status["templateRolls"] = [
+        {"role": "decode", "revision": "aaaa", "template": "t2", "verifiedTemplate": "t1",
+         "phase": "Failed", "startedAt": "2027-01-15T08:00:00Z", "reason": "HandoffNotReported",
+         "message": "decode template t2 went back to template t1: no hand-off counts"},
+    ]  # fmt: skip
+    assert table(status).splitlines()[-1] == (
+        "aaaa, decode template t2 (Failed, from t1): decode template t2 went back to template "
+        "t1: no hand-off counts"
+    )
+    assert outcome(obj("False", "HandoffNotReported"))[0] == EXIT_FAILED

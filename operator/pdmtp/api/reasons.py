@@ -505,6 +505,28 @@ VERDICT_WAIVED: Final = _reason(
         "comes in time; mode Gate fails such a rollout instead of going on"
     ),
 )
+TEMPLATE_HELD: Final = _reason(
+    EVENT,
+    "TemplateHeld",
+    "A role-local change (env, extraArgs, resources, RDMA devices, pod settings) started rolling "
+    "inside the serving revision; spec.verification.mode Rollback or Gate holds the role's roll "
+    "at its first new pods until they have a verdict (status.templateRolls).",
+)
+TEMPLATE_VERIFIED: Final = _reason(
+    EVENT, "TemplateVerified", "A role's new pod template was Verified; its roll goes on."
+)
+TEMPLATE_ROLLED_BACK: Final = _reason(
+    EVENT,
+    "TemplateRolledBack",
+    "A role's new pod template failed its verdict (or, mode Gate, had none within "
+    "progressDeadlineSeconds): the role went back to the template that was Verified, and stays "
+    "there until its settings change (a Warning).",
+    symptom="A role-local change did not roll out; the role runs its previous template",
+    action=(
+        "Read status.templateRolls and the Verified condition for the verdict, fix the role's "
+        "settings (an env var that drops the fixed connector, a wrong RDMA device) and apply again"
+    ),
+)
 GROUP_REMOVED: Final = _reason(
     EVENT,
     "GroupRemoved",

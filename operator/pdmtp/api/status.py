@@ -160,6 +160,32 @@ class RolloutStatus(Model):
     )
 
 
+TemplateRollPhase = Literal["Judging", "Verified", "Waived", "Failed"]
+
+
+class TemplateRollStatus(Model):
+    """A role-local change rolling inside a revision (a new pod template of its Deployment),
+    judged as a new revision is (spec.verification modes Rollback and Gate)."""
+
+    role: Literal["prefill", "decode"] = Field(description="The role whose pods roll.")
+    revision: str = Field(description="The revision whose Deployment rolls in place.")
+    template: str = Field(description="The role hash (pdmtp.io/role-hash) the role rolls to.")
+    verified_template: str = Field(
+        description="The role hash it replaces: the role returns to it if the new one fails."
+    )
+    phase: TemplateRollPhase = Field(
+        description=(
+            "Judging: held at its first new pods until they have a verdict. Verified: the roll "
+            "goes on. Waived: mode Rollback, no verdict within progressDeadlineSeconds, the roll "
+            "goes on unverified. Failed: the role went back to verifiedTemplate, until its "
+            "settings change."
+        )
+    )
+    started_at: str = Field(description="When the operator saw the change (RFC 3339).")
+    reason: str = Field(default="", description="The verdict's reason (a Verified reason).")
+    message: str = Field(default="", max_length=4096, description="The verdict in words.")
+
+
 WaitReason = Literal[
     "Unschedulable",
     "ImagePull",
@@ -308,6 +334,13 @@ class PDDeploymentStatus(Model):
     )
     revisions: list[RevisionStatus] = Field(
         default_factory=list, description="Revisions that have workloads, newest last."
+    )
+    template_rolls: list[TemplateRollStatus] | None = Field(
+        default=None,
+        description=(
+            "Role-local changes rolling inside the spec revision and their verdicts (modes "
+            "Rollback and Gate); unset when none rolls."
+        ),
     )
     conditions: list[Condition] = Field(
         default_factory=list, description="ConfigCompatible, Available, Progressing, Degraded."

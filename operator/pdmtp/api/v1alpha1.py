@@ -558,7 +558,9 @@ class VerificationSpec(Model):
             "back; with no verdict within progressDeadlineSeconds the rollout goes on "
             "unverified. Gate: the same hold lasts until the new revision is Verified (and a "
             "canary with autoPromote holds until then); no verdict in time fails the rollout. "
-            "Report: judge and report only. Off: judge nothing."
+            "Report: judge and report only. Off: judge nothing. In Rollback and Gate a "
+            "role-local change is held at its role's first new pods the same way, and goes back "
+            "to the Verified template on a Failed verdict."
         ),
     )
     false_rollback_percent: float | None = Field(

@@ -57,11 +57,19 @@ from pdmtp.core.render import budgets
 from pdmtp.core.render.children import (
     engine_deployment,
     engine_pod_template,
+    held,
     router_deployment,
     shared_children,
 )
-from pdmtp.core.render.history import history_actions, latest_spec, recorded
+from pdmtp.core.render.history import (
+    Recorded,
+    history_actions,
+    latest_spec,
+    recorded,
+    with_template,
+)
 from pdmtp.core.render.membership import revision_membership
+from pdmtp.core.revision import hash_of
 from pdmtp.core.rollout.evacuation import evacuate
 from pdmtp.core.rollout.planner import RevisionPlan, Step, plan
 from pdmtp.core.rollout.removal import EnginePod, Removal, gate, listed_waits, removal_view
@@ -89,9 +97,11 @@ from pdmtp.core.status.events import (
     revision_events,
     rollout_events,
     stall_events,
+    template_events,
 )
 from pdmtp.core.validation import validate
-from pdmtp.core.verification import revisions
+from pdmtp.core.verification import revisions, templates
+from pdmtp.core.verification.templates import TemplateRoll
 from pdmtp.core.verification.verdict import Verdict
 
 Obj = Mapping[str, Any]
@@ -163,6 +173,7 @@ class Decision:
         old = i.ctx.old
         events = [
             *rollout_events(i.steering),
+            *template_events(old.template_rolls or (), i.seen.template_rolls),
             *revision_events(i.seen.step, i.seen.states, i.retired, i.revision_keys, keys),
             *action_events(self.actions, keys),
             *condition_events(transitions, old.conditions, new.conditions),
@@ -223,8 +234,10 @@ def decide(observed: Observed, now: float) -> Decision:
     judged = revisions.verdicts(
         verification_spec, states, ctx.raw_pods, ctx.metrics, spec_target.revision
     )
+    # A role-local change rolling inside the spec revision, held for its own verdict.
+    rolls = _template_rolls(ctx, spec_target.revision)
     health = _health(ctx, judged.get(spec_target.revision or ""))
-    steering = steer(ctx, spec_target, spec_policy, states, health)
+    steering = steer(ctx, spec_target, spec_policy, states, health, any(r.held for r in rolls))
 
     # 3. Plan, and hold each scale-down until its pods are out of every router's list.
     step = plan(states, steering.target, steering.policy, now)
@@ -250,7 +263,7 @@ def decide(observed: Observed, now: float) -> Decision:
     retired = set()
     revision_keys: dict[str, frozenset[str]] = {}
     for p in removal.plans:
-        revision_actions = _revision_actions(ctx, p, steering.spec_revision, removal)
+        revision_actions = _revision_actions(ctx, p, steering.spec_revision, removal, rolls)
         actions += revision_actions
         revision_keys[p.revision] = frozenset(a.key for a in revision_actions)
         if p.delete and any(isinstance(a, Delete) for a in revision_actions):
@@ -260,7 +273,10 @@ def decide(observed: Observed, now: float) -> Decision:
     actions += role_scale_actions(ctx.pdd, desired_counts, ctx.others, ctx.pods)
     if steering.spec_revision is not None:
         live = {s.revision for s in states}
-        history = history_actions(ctx.pdd, steering.spec_revision, ctx.history, ctx.existing, live)
+        pinned = {r.name for roll in rolls if (r := _verified_spec(ctx, roll)) is not None}
+        history = history_actions(
+            ctx.pdd, steering.spec_revision, ctx.history, ctx.existing, live, pinned
+        )
         actions += history
 
     # 5. Status and events come from `Decision.report`, after the shell's writes.
@@ -269,7 +285,9 @@ def decide(observed: Observed, now: float) -> Decision:
         [*health.waits, *replacing_waits(ctx.raw_pods, replacing), *listed_waits(removal.waiting)]
     )
     rejected = rejected_pods(ctx.deployments)
-    seen = Observations(states, step, health.failures, health.waiting, rejected, facts, judged)
+    seen = Observations(
+        states, step, health.failures, health.waiting, rejected, facts, judged, rolls
+    )
     share = canary_traffic(states, steering.target.revision) if step.outcome == "Held" else None
     record = track(old.rollout, steering, step, states, now, share)
     inputs = _Inputs(
@@ -281,7 +299,7 @@ def decide(observed: Observed, now: float) -> Decision:
         retired=frozenset(retired),
         revision_keys=revision_keys,
     )
-    requeue = _requeue(step, record, ctx.pdd, now, scaling)
+    requeue = _requeue(step, record, ctx.pdd, now, scaling, rolls)
     return Decision(tuple(actions), requeue, ctx.agreement, inputs)
 
 
@@ -383,10 +401,16 @@ def _requeue(
     pdd: PDDeployment,
     now: float,
     scaling: Scaling | None = None,
+    rolls: Sequence[TemplateRoll] = (),
 ) -> float | None:
-    """When to look again: a drain's end, the progress deadline (no event may come), or the
-    autoscaler's next evaluation."""
+    """When to look again: a drain's end, the progress deadline (no event may come, for a
+    rollout or a held template roll), or the autoscaler's next evaluation."""
     waits = [step.requeue_after] if step.requeue_after is not None else []
+    deadline = pdd.spec.rollout.progress_deadline_seconds
+    for roll in rolls:
+        if roll.held:
+            since = parse_time(roll.started_at) or now
+            waits.append(max(0.0, since + deadline - now))
     if scaling is not None and scaling.requeue_after is not None:
         waits.append(scaling.requeue_after)
     if record is not None and record.phase == "Progressing":
@@ -478,14 +502,18 @@ Shapes = dict[EngineRole, int | None]
 
 
 def _revision_actions(
-    ctx: Context, p: RevisionPlan, spec_revision: str | None, removal: Removal
+    ctx: Context,
+    p: RevisionPlan,
+    spec_revision: str | None,
+    removal: Removal,
+    rolls: Sequence[TemplateRoll] = (),
 ) -> list[Action]:
     """One revision's writes: its workloads (the spec revision's rendered, another's only
     scaled), then its disruption budgets and its router; or, once retired, its deletes."""
     if p.delete:
         return _retire(ctx, p)
     if p.revision == spec_revision:
-        actions, shapes = _spec_workloads(ctx, p, removal)
+        actions, shapes = _spec_workloads(ctx, p, removal, rolls)
     else:
         actions, shapes = _older_workloads(ctx, p, removal)
     return actions + _budgets_and_router(ctx, p, shapes, removal)
@@ -515,8 +543,12 @@ def _retire(ctx: Context, p: RevisionPlan) -> list[Action]:
     return deletes
 
 
-def _spec_workloads(ctx: Context, p: RevisionPlan, removal: Removal) -> tuple[list[Action], Shapes]:
-    """The spec revision's engines, rendered from the spec: Deployments, or groups."""
+def _spec_workloads(
+    ctx: Context, p: RevisionPlan, removal: Removal, rolls: Sequence[TemplateRoll]
+) -> tuple[list[Action], Shapes]:
+    """The spec revision's engines, rendered from the spec: Deployments (a role whose new
+    template is judged held at its first new pods, one whose new template failed rendered from
+    the spec that had the Verified one), or groups."""
     actions: list[Action] = []
     shapes: Shapes = {}
     for role in v.ENGINE_ROLES:
@@ -525,10 +557,40 @@ def _spec_workloads(ctx: Context, p: RevisionPlan, removal: Removal) -> tuple[li
         if shape is not None:
             actions += _group_role(ctx, p, role, ctx.agreement, removal)
             continue
-        manifest = engine_deployment(ctx.pdd, p.revision, role, p.replicas(role), ctx.agreement)
-        if change := apply_if_drifted(manifest, ctx.existing):
+        roll = next((r for r in rolls if r.role == role), None)
+        back = None if roll is None or roll.revert_to is None else _verified_spec(ctx, roll)
+        verified = None if back is None or (spec := back.parsed()) is None else check(spec)
+        agreement = verified if verified is not None and verified.compatible else ctx.agreement
+        manifest = engine_deployment(ctx.pdd, p.revision, role, p.replicas(role), agreement)
+        # Held while judged; and a failed one whose Verified spec is gone holds where it is.
+        hold = roll is not None and (roll.held or (roll.revert_to is not None and back is None))
+        live = ctx.existing.get(key_of(manifest))
+        if change := apply_if_drifted(held(manifest, hold, live), ctx.existing):
             actions.append(change)
     return actions, shapes
+
+
+def _template_rolls(ctx: Context, revision: str | None) -> list[TemplateRoll]:
+    """The spec revision's role-local rolls (its single-node roles)."""
+    if revision is None or not ctx.agreement.compatible:
+        return []
+    eff = ctx.agreement.settings
+    wanted = {
+        r: hash_of(eff, r) for r in v.ENGINE_ROLES if podgroups.shape_of(ctx.agreement, r) is None
+    }
+    deployments = {
+        r: d
+        for r in wanted
+        if (d := ctx.existing.get(f"Deployment/{names.workload(ctx.name, revision, r)}"))
+    }
+    old = ctx.old.template_rolls or []
+    return templates.rolls(
+        ctx.spec, revision, wanted, deployments, ctx.raw_pods, ctx.metrics, old, ctx.now
+    )
+
+
+def _verified_spec(ctx: Context, roll: TemplateRoll) -> Recorded | None:
+    return with_template(ctx.history, roll.revision, roll.role, roll.verified_template)
 
 
 def _older_workloads(

@@ -294,6 +294,32 @@ def _deployment(
     }
 
 
+HOLD_SECONDS = 86_400
+"""A held Deployment's minReadySeconds (`held`): longer than any progressDeadlineSeconds (at most
+a day), so only the operator releases the roll."""
+HELD_PROGRESS_DEADLINE = HOLD_SECONDS + 600
+"""A held Deployment's progressDeadlineSeconds: the API server wants it above minReadySeconds."""
+DEPLOYMENT_PROGRESS_DEADLINE = 600
+"""The Deployment controller's default, restored on release."""
+
+
+def held(manifest: Manifest, hold: bool, live: Mapping[str, Any] | None) -> Manifest:
+    """An engine Deployment with its roll held at its first new pods, or released.
+
+    Held, its new pods serve once Ready but do not count as available, so the Deployment
+    controller retires no old pod beyond maxUnavailable and starts no further new one. Released,
+    the two fields go back to the controller's defaults, written only where a hold left them
+    (an untouched Deployment renders as before)."""
+    spec = manifest["spec"]
+    if hold:
+        spec["minReadySeconds"] = HOLD_SECONDS
+        spec["progressDeadlineSeconds"] = HELD_PROGRESS_DEADLINE
+    elif live is not None and ((live.get("spec") or {}).get("minReadySeconds") or 0) > 0:
+        spec["minReadySeconds"] = 0
+        spec["progressDeadlineSeconds"] = DEPLOYMENT_PROGRESS_DEADLINE
+    return manifest
+
+
 def engine_deployment(
     pdd: PDDeployment, revision: str, role: EngineRole, replicas: int, agreement: Agreement
 ) -> Manifest:

@@ -9,7 +9,7 @@ kept; of the rest, the newest `spec.revisionHistoryLimit` are kept.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,11 +17,14 @@ from pydantic import ValidationError
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
 from pdmtp.core.actions import Action, Delete, apply_if_drifted
+from pdmtp.core.effective import resolve
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.objects import labels_of, name_of
 from pdmtp.core.render.children import owner_reference
+from pdmtp.core.revision import hash_of
 
 Obj = Mapping[str, Any]
 Manifest = dict[str, Any]
@@ -74,6 +77,18 @@ def latest_spec(history: Sequence[Recorded], revision: str) -> PDDeploymentSpec 
     return None
 
 
+def with_template(
+    history: Sequence[Recorded], revision: str, role: EngineRole, role_hash: str
+) -> Recorded | None:
+    """The newest recorded spec of a revision whose `role` renders the template `role_hash`
+    (what a failed template roll goes back to)."""
+    for r in reversed(history):
+        spec = r.parsed() if r.revision == revision else None
+        if spec is not None and hash_of(resolve(spec), role) == role_hash:
+            return r
+    return None
+
+
 def controller_revision(pdd: PDDeployment, revision: str, number: int) -> Manifest:
     spec = pdd.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     labels = {**names.base_labels(pdd.metadata.name), v.LABEL_REVISION: revision}
@@ -97,15 +112,17 @@ def history_actions(
     history: Sequence[Recorded],
     existing: Mapping[str, Obj],
     live_revisions: set[str],
+    pinned: Collection[str] = (),
 ) -> list[Action]:
-    """Record the current spec (if not yet) and prune what the limit lets go."""
+    """Record the current spec (if not yet) and prune what the limit lets go; `pinned` are kept
+    (the specs a template roll may go back to)."""
     actions: list[Action] = []
     manifest = controller_revision(pdd, revision, 0)
     mine = next((r for r in history if r.name == manifest["metadata"]["name"]), None)
     manifest["revision"] = mine.number if mine else max((r.number for r in history), default=0) + 1
     if change := apply_if_drifted(manifest, existing):
         actions.append(change)
-    keep = {manifest["metadata"]["name"]}
+    keep = {manifest["metadata"]["name"], *pinned}
     for rev in live_revisions:  # the newest record of each revision that still runs
         newest = [r for r in history if r.revision == rev]
         if newest:

@@ -63,6 +63,9 @@ class Steering:
     verdict_waived: str | None = None
     """Why the rollout goes on without a verdict (mode Rollback, none by the deadline)."""
     new_waiver: bool = False
+    template_held: bool = False
+    """A role-local roll inside the revision is held for its own verdict, which keeps its own
+    deadline (`core.verification.templates`): the rollout's clock does not run meanwhile."""
     """The verdict was waived in this reconcile (worth an event)."""
 
     @property
@@ -110,7 +113,12 @@ def target_and_policy(agreement: Agreement) -> tuple[Target, Policy]:
 
 
 def steer(
-    ctx: Context, target: Target, policy: Policy, states: Sequence[RevisionState], health: Health
+    ctx: Context,
+    target: Target,
+    policy: Policy,
+    states: Sequence[RevisionState],
+    health: Health,
+    template_held: bool = False,
 ) -> Steering:
     """Where this reconcile rolls to: the spec's `target`, or back to the revision that serves
     when the rollout failed (deadline, engines, verdict) under `onFailure: Rollback`; held for
@@ -140,7 +148,9 @@ def steer(
             failed_verdict=old.failed_verdict,
         )
     failure, deadline = failure_of(revision, spec, health, old, now, states)
-    overdue = _overdue(revision, spec, old, now)
+    if template_held and deadline:
+        failure, deadline = None, False  # the held roll's own deadline decides
+    overdue = _overdue(revision, spec, old, now) and not template_held
     waiting_only = _held_for_verdict(revision, health.verification, states)
     waived, new_waiver = _waiver(revision, health.verification, old, overdue and waiting_only, spec)
     failed_verdict = None
@@ -186,6 +196,7 @@ def steer(
         awaiting_verdict=awaiting,
         verdict_waived=waived,
         new_waiver=new_waiver,
+        template_held=template_held,
     )
 
 
@@ -318,7 +329,12 @@ def track(
     phase = _phase(steering, step)
     fresh = old is None or old.revision != revision
     # The clock runs only while Progressing; entering a phase (resume, promotion) restarts it.
-    moved = fresh or marker != old.progress or phase != old.phase  # type: ignore[union-attr]
+    moved = (
+        fresh
+        or marker != old.progress  # type: ignore[union-attr]
+        or phase != old.phase  # type: ignore[union-attr]
+        or steering.template_held
+    )
     if phase == "Progressing" and steering.failure is not None:
         phase = "Failed"  # Hold: the rollout stays where it is, the clock stops
         moved = False

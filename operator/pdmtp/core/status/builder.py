@@ -47,6 +47,7 @@ from pdmtp.core.status.conditions import (
     set_conditions,
 )
 from pdmtp.core.verification.revisions import as_status
+from pdmtp.core.verification.templates import TemplateRoll
 from pdmtp.core.verification.verdict import Outcome, Verdict
 
 Obj = Mapping[str, Any]
@@ -157,6 +158,10 @@ def progressing(
             reasons.ROLLOUT_BLOCKED,
             f"the spec is incompatible: no new revision starts{keeps}",
         )
+    # A rollback or a pause says more than a role-local roll held inside the revision.
+    above = (steering is not None and steering.rolling_back) or step.outcome == "Paused"
+    if not above and (rolled := _template_progress(seen.template_rolls)) is not None:
+        return rolled
     controlled = _controlled(step, target, steering, record, seen.waits)
     if controlled is not None:
         return controlled
@@ -167,6 +172,27 @@ def progressing(
             f"rollout to {target.revision} cannot proceed: {step.reason}",
         )
     return _waiting(seen, target)
+
+
+def _template_progress(rolls: Sequence[TemplateRoll]) -> ConditionUpdate | None:
+    """A role-local roll held for its verdict, or one that went back."""
+    for roll in rolls:
+        where = f"revision {roll.revision}: the {roll.role} roll to template {roll.template}"
+        if roll.held:
+            return _progress(
+                "True",
+                reasons.AWAITING_VERDICT,
+                f"{where} is held at its first new pods until they have a verdict "
+                f"({roll.reason}): {roll.message}",
+            )
+        if roll.phase == "Failed":
+            return _progress(
+                "False",
+                reasons.ROLLOUT_ABORTED,
+                f"{where} failed its verdict; the {roll.role}s run template "
+                f"{roll.verified_template}; change the role's settings to roll again",
+            )
+    return None
 
 
 def _naming(facts: Sequence[Wait]) -> str:
@@ -270,14 +296,24 @@ def verified(
     verdicts: Mapping[str, Verdict],
     update: str | None,
     steering: Steering | None = None,
+    rolls: Sequence[TemplateRoll] = (),
 ) -> ConditionUpdate:
     """The update revision's verdict (`core.verification`); once it was rolled back for it, the
-    verdict that failed it."""
+    verdict that failed it; while a role-local roll inside it is held or went back, that roll's
+    (its new pods are what changed)."""
     if spec.effective_verification.mode == "Off":
         return ConditionUpdate(
             reasons.VERIFIED, "Unknown", reasons.VERIFICATION_OFF, "spec.verification.mode is Off"
         )
     verdict = verdicts.get(update) if update is not None else None
+    for roll in rolls:
+        if roll.revision == update and (roll.held or roll.phase == "Failed"):
+            # A held roll has no verdict yet: a Verified or Failed one is not held.
+            said: Literal["False", "Unknown"] = "False" if roll.phase == "Failed" else "Unknown"
+            return ConditionUpdate(
+                reasons.VERIFIED, said, roll.reason or reasons.NO_METRICS,
+                f"revision {update}: {roll.message}",
+            )  # fmt: skip
     if (
         steering is not None
         and steering.failed_verdict is not None
@@ -409,6 +445,8 @@ class Observations:
     """What an unfinished step waits for, ordered (`core.pods.waits`)."""
     verdicts: Mapping[str, Verdict] = field(default_factory=dict)
     """Each revision's verdict (`core.verification`; none with spec.verification.mode Off)."""
+    template_rolls: Sequence[TemplateRoll] = ()
+    """The role-local changes rolling inside the spec revision (`core.verification.templates`)."""
 
 
 def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
@@ -441,7 +479,7 @@ def build(
         available(seen.states, _declared_minimum(spec, target), policy),
         progressing(agreement, seen.step, seen, target, current, refused, steering, record),
         degraded(seen.failures, steering),
-        verified(spec, seen.verdicts, update, steering),
+        verified(spec, seen.verdicts, update, steering, seen.template_rolls),
     ]
     conditions, transitions = set_conditions(old.conditions, updates, generation, now)
     roles = role_counts(seen.states, spec, update, None if scaling is None else scaling.desired)
@@ -462,6 +500,7 @@ def build(
         autoscaling=None if scaling is None else scaling.status,
         waiting_for=waiting,
         revisions=revision_table(seen.states, seen.verdicts),
+        template_rolls=[r.as_status() for r in seen.template_rolls] or None,
         conditions=conditions,
     )
     return status, transitions

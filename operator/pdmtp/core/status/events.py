@@ -10,12 +10,13 @@ from collections.abc import Collection, Mapping, Sequence
 
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.api.status import Condition, WaitStatus
+from pdmtp.api.status import Condition, TemplateRollStatus, WaitStatus
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Scale
 from pdmtp.core.objects import describe, format_time
 from pdmtp.core.rollout.planner import RevisionState, Step
 from pdmtp.core.rollout.steering import Steering
 from pdmtp.core.status.conditions import Transition
+from pdmtp.core.verification.templates import TemplateRoll
 
 
 def transition_event(t: Transition) -> Event:
@@ -164,3 +165,38 @@ def action_events(actions: Sequence[Action], refused: Collection[str]) -> list[E
                 )
             )
     return events
+
+
+def template_events(old: Sequence[TemplateRollStatus], new: Sequence[TemplateRoll]) -> list[Event]:
+    """A role-local roll held, Verified, waived or gone back: once, when it reaches the phase."""
+    before = {(r.revision, r.role, r.template): r.phase for r in old}
+    events = []
+    for roll in new:
+        was = before.get((roll.revision, roll.role, roll.template))
+        if was == roll.phase:
+            continue
+        where = f"Revision {roll.revision}, {roll.role} template {roll.template}"
+        if roll.phase == "Judging":
+            events.append(
+                Event(
+                    "Normal",
+                    reasons.TEMPLATE_HELD,
+                    f"{where}: held at its first new pods until they have a verdict",
+                )
+            )
+        elif roll.phase == "Verified":
+            events.append(
+                Event("Normal", reasons.TEMPLATE_VERIFIED, f"{where}: Verified, the roll goes on")
+            )
+        elif roll.phase == "Waived":
+            events.append(Event("Warning", reasons.VERDICT_WAIVED, f"{where}: {roll.message}"))
+        else:
+            events.append(
+                Event(
+                    "Warning",
+                    reasons.TEMPLATE_ROLLED_BACK,
+                    f"{where} failed its verdict ({roll.reason}); going back to "
+                    f"template {roll.verified_template}: {roll.message}",
+                )
+            )
+    return events  # fmt: skip
