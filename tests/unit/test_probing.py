@@ -85,6 +85,21 @@ def test_the_current_revision_is_probed_beside_a_revision_compared_with_it() -> 
     assert due(VerificationSpec(), "m", settled, pods, {}, NOW) == []
 
 
+def test_a_role_local_roll_held_for_requests_is_probed_through_its_revision() -> None:
+    """Its router lists the new template's pods beside the old ones: probes reach both."""
+    rolls = [
+        {"revision": "old", "phase": phase, "reason": reason}
+        for phase, reason in [("Judging", reasons.AWAITING_DRAFTS), ("Failed", reasons.NO_METRICS)]
+    ]
+    status = {"currentRevision": "old", "revisions": [revision("old", reasons.HANDOFF_VERIFIED)]}
+    assert awaiting({**status, "templateRolls": rolls}) == ["old"]
+    assert awaiting({**status, "templateRolls": rolls[1:]}) == []
+    probes = due(
+        VerificationSpec(), "m", {**status, "templateRolls": rolls}, pods_of("old"), {}, NOW
+    )
+    assert [p.revision for p in probes] == ["old"]
+
+
 @pytest.mark.parametrize("role", v.ROLES)
 def test_a_revision_with_a_role_not_ready_gets_no_probe(role: str) -> None:
     pods = [pod(f"new-{r}", "new", r, ready=r != role) for r in v.ROLES]

@@ -145,7 +145,20 @@ def test_a_decode_template_without_the_fixed_connector_goes_back_and_stays_back(
     new = [n for n in role_pods(cluster, "decode") if n not in before]
     assert len(new) == 1
     report(cluster, new, scrape(20, 0, counted=False))
-    said = events(rounds(cluster, NOW + 20, 40))
+    # The verdict's round: the failed pod leaves routing while its template is still held (the
+    # controller would delete it faster than a router rolls); the role goes back after that.
+    said = events([cluster.reconcile(NOW + 20)])
+    (pod,) = new
+    assert v.ANNOTATION_LEAVING in cluster.pods[pod]["metadata"]["annotations"]
+    held = deployment(cluster, "decode")["spec"]
+    assert held["minReadySeconds"] == HOLD_SECONDS
+    assert held["template"]["metadata"]["annotations"][v.ANNOTATION_ROLE_HASH] != next(
+        iter(before.values())
+    )
+    router = deployment(cluster, "router")["spec"]["template"]
+    assert cluster.pods[pod]["status"]["podIP"] not in str(router)
+    cluster.run_pods()
+    said += events(rounds(cluster, NOW + 21, 40))
     assert role_pods(cluster, "decode") == before  # the same pods, never replaced
     (roll,) = rolls(cluster)
     assert roll["phase"] == "Failed" and roll["reason"] == reasons.HANDOFF_NOT_REPORTED, roll

@@ -72,7 +72,14 @@ from pdmtp.core.render.membership import revision_membership
 from pdmtp.core.revision import hash_of
 from pdmtp.core.rollout.evacuation import evacuate
 from pdmtp.core.rollout.planner import RevisionPlan, Step, plan
-from pdmtp.core.rollout.removal import EnginePod, Removal, gate, listed_waits, removal_view
+from pdmtp.core.rollout.removal import (
+    EnginePod,
+    Removal,
+    gate,
+    listed_urls,
+    listed_waits,
+    removal_view,
+)
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import (
     Health,
@@ -251,6 +258,14 @@ def decide(observed: Observed, now: float) -> Decision:
     engines, routers = removal_view(ctx.pods, ctx.cordoned, replacing)
     evacuated = evacuate(step.revisions, states, engines, steering.policy)
     removal = gate(evacuated, states, engines, routers)
+    # A failed template's pods leave routing first; its role goes back once none is listed.
+    withdrawn = templates.withdrawn(rolls, ctx.raw_pods)
+    removal = replace(removal, leaving=removal.leaving | withdrawn)
+    listed = listed_urls(routers)
+    still_listed = {
+        e.role for e in engines if e.name in withdrawn and e.url in listed.get(e.revision, ())
+    }
+    rolls = [r.still_listed() if r.role in still_listed else r for r in rolls]
 
     # 4. Render and diff.
     actions: list[Action] = []
@@ -562,8 +577,10 @@ def _spec_workloads(
         verified = None if back is None or (spec := back.parsed()) is None else check(spec)
         agreement = verified if verified is not None and verified.compatible else ctx.agreement
         manifest = engine_deployment(ctx.pdd, p.revision, role, p.replicas(role), agreement)
-        # Held while judged; and a failed one whose Verified spec is gone holds where it is.
-        hold = roll is not None and (roll.held or (roll.revert_to is not None and back is None))
+        # Held while judged, and while a failed one cannot go back yet (a router still lists
+        # its pods) or at all (its Verified spec is gone).
+        failed = roll is not None and roll.phase == "Failed"
+        hold = roll is not None and (roll.held or (failed and back is None))
         live = ctx.existing.get(key_of(manifest))
         if change := apply_if_drifted(held(manifest, hold, live), ctx.existing):
             actions.append(change)

@@ -51,12 +51,18 @@ class Probe:
 
 
 def awaiting(status: Obj) -> list[str]:
-    """The revisions whose verdict waits for requests or drafts (status.revisions)."""
+    """The revisions whose verdict waits for requests or drafts (status.revisions), or that of a
+    role-local roll held inside them (status.templateRolls: its router lists both templates)."""
     out = []
     for r in status.get("revisions") or []:
         verification = r.get("verification") or {}
         if verification.get("verdict") == "Pending" and verification.get("reason") in AWAITING:
             out.append(str(r.get("revision", "")))
+    for roll in status.get("templateRolls") or []:
+        revision = str(roll.get("revision", ""))
+        held = roll.get("phase") == "Judging" and roll.get("reason") in AWAITING
+        if held and revision not in out:
+            out.append(revision)
     return out
 
 

@@ -13,9 +13,10 @@ Rollback and Gate each roll is a `TemplateRoll`:
   span (`verdict.judge`, as a new revision against the serving one); a prefill template on every
   decode of the revision from its first new prefill's readiness on, against the absolute rules
   (which prefill served a pull is not known to the decode);
-- Verified releases the hold; Failed takes the Deployment back to the template that was Verified
-  (rendered from the recorded spec that had it, `core.render.history`) and keeps it there until
-  the role's settings change; no verdict within progressDeadlineSeconds goes on unverified (mode
+- Verified releases the hold; Failed takes the failed template's pods out of routing
+  (`withdrawn`) and, once no router lists them, the Deployment back to the template that was
+  Verified (rendered from the recorded spec that had it, `core.render.history`), until the
+  role's settings change; no verdict within progressDeadlineSeconds goes on unverified (mode
   Rollback) or fails (mode Gate), as a revision's rollout does.
 
 What a roll is comes from what is there, each reconcile: the Deployment's template and its pods'
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import TemplateRollPhase, TemplateRollStatus
@@ -37,6 +38,7 @@ from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.objects import (
     annotations_of,
     format_time,
+    is_leaving,
     is_terminating,
     labels_of,
     name_of,
@@ -75,6 +77,9 @@ class TemplateRoll:
     reason: str = ""
     """The verdict's finding (a Verified condition reason)."""
     message: str = ""
+    going_back: bool = True
+    """Failed: its Deployment may go back now (False while a router still lists a pod of the
+    failed template: it stays held until then)."""
 
     @property
     def held(self) -> bool:
@@ -82,8 +87,12 @@ class TemplateRoll:
 
     @property
     def revert_to(self) -> str | None:
-        """The role hash the Deployment goes back to (a Failed roll)."""
-        return self.verified_template if self.phase == "Failed" else None
+        """The role hash the Deployment goes back to now (a Failed roll)."""
+        return self.verified_template if self.phase == "Failed" and self.going_back else None
+
+    def still_listed(self) -> TemplateRoll:
+        """This Failed roll while a router lists a pod of its template: held, not back yet."""
+        return replace(self, going_back=False)
 
     def as_status(self) -> TemplateRollStatus:
         return TemplateRollStatus(
@@ -101,6 +110,21 @@ class TemplateRoll:
     def from_status(cls, s: TemplateRollStatus) -> TemplateRoll:
         return cls(s.role, s.revision, s.template, s.verified_template, s.phase, s.started_at,
                    s.reason, s.message)  # fmt: skip
+
+
+def withdrawn(rolls: Sequence[TemplateRoll], pods: Sequence[Obj]) -> frozenset[str]:
+    """The pods of a Failed template that leave routing before their role goes back (the
+    Deployment controller deletes them then, faster than a router rolls): all of them, while a
+    Ready pod of the Verified template serves in their place."""
+    out: set[str] = set()
+    for roll in rolls:
+        if roll.phase != "Failed":
+            continue
+        mine = [p for p in _pods(pods, roll.revision, roll.role) if not is_terminating(p)]
+        kept = [p for p in mine if role_hash_of(p) == roll.verified_template]
+        if any(pod_ready(p) and not is_leaving(p) for p in kept):
+            out.update(name_of(p) for p in mine if role_hash_of(p) == roll.template)
+    return frozenset(out)
 
 
 def role_hash_of(obj: Obj) -> str | None:
