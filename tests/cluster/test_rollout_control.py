@@ -276,13 +276,20 @@ def test_a_canary_holds_at_its_share_until_promoted(
     assert progressing(cluster, namespace, "canary", "CanaryHold", 30)
     done = cli(cluster, namespace, "promote", "canary")
     assert done.returncode == 0 and new in done.stdout, done.stderr
+    # The event is posted after the status write that releases the hold: an operator killed
+    # between the two never posts it (its successor finds no hold to release), so the kill
+    # waits for it.
+    wait_for(
+        lambda: any(e.reason == "Promoted" for e in events(cluster, namespace, "canary")),
+        "the Promoted event",
+        30,
+    )
     operator.restart()  # and killed again as the promoted roll moves on
     assert (
         cli(cluster, namespace, "status", "canary", "--timeout", "120", timeout=150).returncode == 0
     )
     watcher.stop()
     assert watcher.violations == [], (watcher.violations[:5], watcher.views)
-    assert any(e.reason == "Promoted" for e in events(cluster, namespace, "canary"))
     # The hold's share leaves the record with the hold (the status write clears nested fields).
     record = get_pdd(cluster.api_client, namespace, "canary")["status"]["rollout"]
     assert record["phase"] == "Complete" and "canaryTrafficPercent" not in record, record
