@@ -243,3 +243,33 @@ def test_a_new_pod_that_never_comes_up_is_not_waived_and_a_pause_says_paused() -
     cluster.body["metadata"]["generation"] += 1
     rounds(cluster, NOW + 120, 2)
     assert condition(cluster, "Progressing")["reason"] == reasons.PAUSED
+
+
+def test_a_new_template_whose_pulls_fail_is_judged_whole_not_replaced_pod_by_pod() -> None:
+    """A wrong RDMA device in a role-local change: the new decode's pulls fail. Its template
+    fails its verdict and the role goes back; the pod is not marked for replacement first (a
+    replacement would carry the same template)."""
+    cluster = start(pdd("x").mtp(2, modules=3).decode(replicas=2))
+    before = role_pods(cluster, "decode")
+    change(cluster, "decode", "wrong-device")
+    rounds(cluster, NOW + 10, 8)
+    (new,) = [n for n in role_pods(cluster, "decode") if n not in before]
+    failing = cluster.metrics.get(new, PodMetrics())
+    for n, at in enumerate((NOW + 20, NOW + 35), start=1):
+        failing = failing.scraped(
+            Scrape(at, kv_pulled_requests=10 * n, kv_pulled_tokens=1000 * n, kv_backoff_tokens=10 * n,
+                   kv_decode_only_requests=0, failed_recvs=8 * n, drafts=50 * n,
+                   accepted_tokens=75 * n)
+        )  # fmt: skip
+    cluster.metrics[new] = failing
+    marked = []
+    for i in range(20):
+        cluster.reconcile(NOW + 36 + i)
+        marked += [
+            n for n, p in cluster.pods.items()
+            if v.ANNOTATION_REPLACE in (p["metadata"].get("annotations") or {})
+        ]  # fmt: skip
+        cluster.run_pods()
+    assert marked == [], marked
+    assert role_pods(cluster, "decode") == before
+    assert rolls(cluster)[0]["reason"] == reasons.KV_LOAD_FAILED, rolls(cluster)

@@ -252,7 +252,12 @@ def decide(observed: Observed, now: float) -> Decision:
     # node is: its replacement first, then out of routing and removed through the gate.
     failed = steering.failed_revision if steering.rolling_back else None
     to_replace = revisions.replacements(
-        verification_spec, states, ctx.raw_pods, ctx.metrics, failed
+        verification_spec,
+        states,
+        ctx.raw_pods,
+        ctx.metrics,
+        failed,
+        templates.judged_pods(rolls, ctx.raw_pods),
     )
     replacing = {**revisions.marked(ctx.raw_pods), **to_replace}
     engines, routers = removal_view(ctx.pods, ctx.cordoned, replacing)

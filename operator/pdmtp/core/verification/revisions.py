@@ -32,7 +32,7 @@ and the revision's Verified condition and the alert already say so.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from pdmtp.api import vocabulary as v
@@ -227,6 +227,7 @@ def replacements(
     pods: Sequence[Obj],
     metrics: Mapping[str, PodMetrics],
     failed_revision: str | None = None,
+    exempt: Collection[str] = (),
 ) -> dict[str, str]:
     """The decode pods to start replacing now, and why: Ready, routed, single-node pods of a
     serving revision (not one being rolled back) whose KV receives failed at least
@@ -234,8 +235,9 @@ def replacements(
     latest scrapes; at most one per revision, and none in a revision that is replacing one
     already. A pod that is itself a replacement (`pdmtp.io/replacement-of`) is not replaced
     again: failing as the pod it replaced did, the fault is the revision's, and replacing it
-    would only churn (the revision's Verified condition stays False instead). Modes Rollback
-    and Gate only."""
+    would only churn (the revision's Verified condition stays False instead). Nor is an
+    `exempt` pod (a new template's, judged as a whole: `core.verification.templates`). Modes
+    Rollback and Gate only."""
     if spec.mode not in ("Rollback", "Gate") or spec.replace_after_failed_pulls == 0:
         return {}
     already = marked(pods)
@@ -254,6 +256,7 @@ def replacements(
             or is_leaving(pod)
             or not pod_ready(pod)
             or v.ANNOTATION_REPLACEMENT_OF in annotations_of(pod)
+            or name_of(pod) in exempt
         ):
             continue
         scrapes = metrics.get(name_of(pod))

@@ -112,6 +112,17 @@ class TemplateRoll:
                    s.reason, s.message)  # fmt: skip
 
 
+def judged_pods(rolls: Sequence[TemplateRoll], pods: Sequence[Obj]) -> frozenset[str]:
+    """The pods of a template held for its verdict or gone back from: their faults are their
+    template's, answered by the verdict, not by replacing them one by one."""
+    out: set[str] = set()
+    for roll in rolls:
+        if roll.phase in ("Judging", "Failed"):
+            mine = _pods(pods, roll.revision, roll.role)
+            out.update(name_of(p) for p in mine if role_hash_of(p) == roll.template)
+    return frozenset(out)
+
+
 def withdrawn(rolls: Sequence[TemplateRoll], pods: Sequence[Obj]) -> frozenset[str]:
     """The pods of a Failed template that leave routing before their role goes back (the
     Deployment controller deletes them then, faster than a router rolls): all of them, while a
