@@ -257,9 +257,9 @@ def test_a_new_template_whose_pulls_fail_is_judged_whole_not_replaced_pod_by_pod
     failing = cluster.metrics.get(new, PodMetrics())
     for n, at in enumerate((NOW + 20, NOW + 35), start=1):
         failing = failing.scraped(
-            Scrape(at, kv_pulled_requests=10 * n, kv_pulled_tokens=1000 * n, kv_backoff_tokens=10 * n,
-                   kv_decode_only_requests=0, failed_recvs=8 * n, drafts=50 * n,
-                   accepted_tokens=75 * n)
+            Scrape(at, kv_pulled_requests=10 * n, kv_pulled_tokens=1000 * n,
+                   kv_backoff_tokens=10 * n, kv_decode_only_requests=0, failed_recvs=8 * n,
+                   drafts=50 * n, accepted_tokens=75 * n)
         )  # fmt: skip
     cluster.metrics[new] = failing
     marked = []
