@@ -15,9 +15,10 @@
 #      enforces on its own); fake `nvidia.com/gpu` capacity on the workers, so engine pods
 #      schedule there and really run.
 #   3. the images loaded into the workers; pdmtp installed with `kubectl apply --server-side -k
-#      deploy/` through an overlay that only points it at the local image. The ~10 GB engine image
-#      is not loaded: the images tier runs it as its pod would (its launcher's refusal included),
-#      and here the emulator refuses as the launcher does (PDMTP_EMULATOR_REFUSE).
+#      deploy/` through an overlay that only points it at the local image and scrapes for
+#      verdicts every 5 s. The ~10 GB engine image is not loaded: the images tier runs it as its
+#      pod would (its launcher's refusal included), and here the emulator refuses as the
+#      launcher does (PDMTP_EMULATOR_REFUSE).
 #   4. the cluster tier's API-level tests (KIND_CLUSTER_TESTS) against the same API server: the
 #      real nodes tainted, KWOK (host process, hack/kwok/ stages) driving fake GPU nodes; then
 #      back to the real nodes.
@@ -312,17 +313,13 @@ fi
 
 # ---- pdmtp as users install it -----------------------------------------------------------------
 overlay=$WORK/overlay
-mkdir -p "$overlay"
-cat >"$overlay/kustomization.yaml" <<EOF
-apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - $(realpath --relative-to="$overlay" "$REPO/deploy")
-images:
-  - name: pdmtp-operator
-    newName: ${OPERATOR_IMAGE%:*}
-    newTag: "${OPERATOR_IMAGE##*:}"
-EOF
+# tests/e2e/kindkit.py's write_overlay, which test_upgrade.py installs the same way.
+PYTHONPATH=tests:tests/e2e:tests/support "$PY" -c '
+import sys
+from pathlib import Path
+from kindkit import write_overlay
+write_overlay(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
+' "$overlay" "$REPO/deploy" "$OPERATOR_IMAGE"
 install_pdmtp() {
   # As deploy/kustomization.yaml says to install (the cluster tier applies deploy/ the same way,
   # under the same field manager, so neither apply conflicts with the other).

@@ -213,9 +213,17 @@ class Figures:
 
 
 def load_pod(
-    name: str, image: str, url: str, *, concurrency: int, max_requests: int, max_seconds: float
+    name: str,
+    image: str,
+    url: str,
+    *,
+    concurrency: int,
+    max_requests: int,
+    max_seconds: float,
+    request_classes: str = "",
 ) -> dict[str, Any]:
-    """A pod running the emulator image's bounded load client against `url`."""
+    """A pod running the emulator image's bounded load client against `url`; with
+    `request_classes` (`code=1,chat=1`: weights) each request is of a class drawn by them."""
     command = [
         "python",
         "-m",
@@ -227,6 +235,8 @@ def load_pod(
         f"--max-seconds={max_seconds}",
         "--stop-file=/tmp/stop",
     ]
+    if request_classes:
+        command.append(f"--request-classes={request_classes}")
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -269,6 +279,7 @@ class LoadRun:
         concurrency: int = 4,
         max_requests: int,
         max_seconds: float,
+        request_classes: str = "",
     ) -> LoadRun:
         name = f"load-{uuid.uuid4().hex[:6]}"
         url = f"http://{service}.{namespace}.svc.cluster.local/v1/completions"
@@ -279,6 +290,7 @@ class LoadRun:
             concurrency=concurrency,
             max_requests=max_requests,
             max_seconds=max_seconds,
+            request_classes=request_classes,
         )
         kind.apply(pod, namespace)
         return cls(kind, namespace, name)
@@ -376,17 +388,32 @@ class Upgrade:
         return up
 
 
-def write_overlay(directory: Path, base: Path, image: str) -> Path:
-    """A kustomization that takes `base` as it is and only points its operator image at `image`
-    (what hack/kind-e2e.sh's install_pdmtp applies)."""
+OPERATOR_ARGS = ("--verification-interval-seconds=5",)
+"""What the kind install adds to the operator's args: the verdict's scrapes every 5 s, not 15 (a
+verdict needs several windows on each side; the verdict tests would mostly wait for them)."""
+
+
+def write_overlay(
+    directory: Path, base: Path, image: str, args: Sequence[str] = OPERATOR_ARGS
+) -> Path:
+    """A kustomization that takes `base` as it is, points its operator image at `image` and adds
+    `args` to the operator's (what hack/kind-e2e.sh's install_pdmtp applies; a previous release,
+    which may not know them, takes none)."""
     directory.mkdir(parents=True, exist_ok=True)
     name, _, tag = image.rpartition(":")
+    adds = "".join(
+        f"      - op: add\n        path: /spec/template/spec/containers/0/args/-\n"
+        f"        value: {arg}\n"
+        for arg in args
+    )
     (directory / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n"
         "kind: Kustomization\n"
         f"resources:\n  - {os.path.relpath(base, directory)}\n"
         f'images:\n  - name: pdmtp-operator\n    newName: {name}\n    newTag: "{tag}"\n'
-    )
+        + ("patches:\n  - target: {kind: Deployment, name: pdmtp-operator}\n    patch: |-\n" + adds
+           if adds else "")
+    )  # fmt: skip
     return directory
 
 

@@ -189,7 +189,9 @@ def overlays(
 ) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("overlays")
     return {
-        "previous": write_overlay(root / "previous", upgrade.tree / "deploy", upgrade.image),
+        "previous": write_overlay(
+            root / "previous", upgrade.tree / "deploy", upgrade.image, args=()
+        ),
         "current": upgrade.overlay,
         "current-operator": write_overlay(
             root / "current-operator", REPO / "deploy/operator", kind.images.operator
