@@ -313,13 +313,8 @@ fi
 
 # ---- pdmtp as users install it -----------------------------------------------------------------
 overlay=$WORK/overlay
-# tests/e2e/kindkit.py's write_overlay, which test_upgrade.py installs the same way.
-PYTHONPATH=tests:tests/e2e:tests/support "$PY" -c '
-import sys
-from pathlib import Path
-from kindkit import write_overlay
-write_overlay(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
-' "$overlay" "$REPO/deploy" "$OPERATOR_IMAGE"
+# hack/lib/kind_overlay.py, which test_upgrade.py installs the same way.
+"$PY" hack/lib/kind_overlay.py "$overlay" "$REPO/deploy" "$OPERATOR_IMAGE"
 install_pdmtp() {
   # As deploy/kustomization.yaml says to install (the cluster tier applies deploy/ the same way,
   # under the same field manager, so neither apply conflicts with the other).

@@ -57,8 +57,8 @@ from e2e.kindkit import (
     operator_pods,
     reconciles,
     wait_for,
-    write_overlay,
 )
+from kind_overlay import write_overlay
 from pdmtp.api.vocabulary import LABEL_NAME, LABEL_ROLE
 
 REPO = Path(__file__).resolve().parents[2]

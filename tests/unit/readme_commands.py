@@ -440,6 +440,10 @@ REGISTRY: dict[str, Entry] = {
         "`make kind-e2e` (hack/kind-e2e.sh) builds the node image with it",
         ("hack/kind-e2e.sh", "NODE_IMAGE=$(hack/kind/build-node-image.sh)"),
     ),
+    "hack/lib/kind_overlay.py": ByMake(
+        "`make kind-e2e` (hack/kind-e2e.sh) writes the overlay it installs pdmtp through with it",
+        ("hack/kind-e2e.sh", '"$PY" hack/lib/kind_overlay.py "$overlay"'),
+    ),
     "hack/kind/pod-network.sh": ByMake(
         "`make kind-e2e` (hack/kind-e2e.sh) runs it right after creating the cluster",
         ("hack/kind-e2e.sh", 'hack/kind/pod-network.sh "$KUBECTL"'),
