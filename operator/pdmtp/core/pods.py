@@ -186,7 +186,8 @@ def _container_wait(pod: Obj) -> Wait | None:
     return None
 
 
-def _ready_since(pod: Obj) -> str | None:
+def ready_since(pod: Obj) -> str | None:
+    """When a pod became Ready (its creation where the condition has no time)."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready" and c.get("lastTransitionTime"):
             return str(c["lastTransitionTime"])
@@ -217,7 +218,7 @@ def pod_waits(pods: Iterable[Obj]) -> list[Wait]:
         if held is not None:
             out.append(held)
             continue
-        since = _ready_since(pod)
+        since = ready_since(pod)
         when = f" since {since}" if since else ""
         if (pod.get("status") or {}).get("phase") == "Running":
             out.append(as_wait(pod, "Pod", "NotReady", f"running, not Ready{when}", False))

@@ -45,6 +45,7 @@ from pdmtp.core.objects import (
     parse_time,
     pod_ready,
 )
+from pdmtp.core.pods import ready_since
 from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.revisions import (
     expected_backoff,
@@ -292,15 +293,5 @@ def _judge(
 
 def _first_ready(pods: Iterable[Obj]) -> float | None:
     """When the first of the Ready pods became Ready."""
-    times = []
-    for p in pods:
-        if not pod_ready(p):
-            continue
-        status = p.get("status")
-        conditions = status.get("conditions") if isinstance(status, Mapping) else None
-        for c in conditions if isinstance(conditions, list) else []:
-            if isinstance(c, Mapping) and c.get("type") == "Ready":
-                at = parse_time(c.get("lastTransitionTime"))
-                if at is not None:
-                    times.append(at)
-    return min(times) if times else None
+    times = [parse_time(ready_since(p)) for p in pods if pod_ready(p)]
+    return min((t for t in times if t is not None), default=None)
