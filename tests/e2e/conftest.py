@@ -10,16 +10,18 @@ PDMTP_REQUIRE_ALL=1.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster.kubehelpers import kubeconfig_server
-from e2e.kindkit import Images, Kind, KubectlError, Upgrade
+from e2e.kindkit import Images, Kind, KubectlError, LoadRun, Upgrade
 from localcluster import default_bin_dir
 from loopback import is_loopback_url
 
@@ -99,6 +101,24 @@ def namespace(kind: Kind, request: pytest.FixtureRequest) -> Iterator[str]:
     name = new_namespace(kind, Path(str(request.path)).stem.removeprefix("test_"))
     yield name
     kind.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def loads(kind: Kind, namespace: str) -> Iterator[Callable[..., LoadRun]]:
+    """Starts load clients in the module's namespace (`LoadRun.start`'s arguments but the first
+    two) and stops any still sending when the test ends, failed or not: a client left running
+    would be the next test's load too."""
+    runs: list[LoadRun] = []
+
+    def start(service: str, **options: Any) -> LoadRun:
+        run = LoadRun.start(kind, namespace, service, **options)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        with contextlib.suppress(KubectlError):  # it has ended already
+            run.stop()
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ EXPECTED_ACCEPTANCE = round(K * ACCEPTANCE_RATE, 3)
 LOW_ACCEPTANCE_RATE = 0.1
 BASE_CLIENTS, BURST_CLIENTS = 2, 10
 STEADY_SECONDS = 45
+PROBES = "pdmtp_verification_probes_total"
 """The window at the peak load in which decisions are counted (none expected)."""
 TUNING = {
     # 0.6 s per prompt, eight at once: one pod serves ~13 prompts/s, more wait.
@@ -108,6 +109,12 @@ def spec_for(kind: Kind) -> dict[str, Any]:
         .rollout(maxSurge=1, maxUnavailable=0, drainSeconds=3)
         # Emulated engines stop at once: 3 s of serving after they are told to stop.
         .set(pod={"terminationGracePeriodSeconds": 33})
+        # The verdict's probes (one every 5 s while the revision has fewer than 8 pulled
+        # requests) are load too: at this scale one adds 60 % to the decode tokens of the 3 s
+        # window it lands in (runs 5 and 12: 13 drafts and 28 accepted tokens, the base load's
+        # 8 and 17 plus one probe's), and two windows in a row scale decode up at the base load
+        # (the CI of 2026-12-07). The load here is the clients' alone.
+        .set(verification={"probeRequestsPerMinute": 0})
         .set(
             autoscaling={
                 "prefill": role("prefill"),
@@ -161,6 +168,8 @@ class Sample:
     """Engine pods per role, whatever their state."""
     evaluated: str
     roles: dict[str, dict[str, Any]]
+    verdicts: tuple[str, ...] = ()
+    """Each revision's verdict and its reason (a verdict awaiting requests draws probes)."""
 
 
 @dataclass
@@ -225,6 +234,11 @@ class Watch:
             pods=counts["pods"],
             evaluated=scaling.get("lastEvaluationTime", ""),
             roles=roles,
+            verdicts=tuple(
+                f"{r.get('revision')} {(r.get('verification') or {}).get('verdict')}"
+                f" {(r.get('verification') or {}).get('reason')}"
+                for r in obj.get("status", {}).get("revisions") or []
+            ),
         )
 
     def latest(self) -> Sample:
@@ -282,17 +296,19 @@ class Watch:
                 f"{sample.pods[role]} pods, acceptance {r.get('acceptanceLength')}, "
                 f"{r.get('reason')!r}, signals {signals}"
             )
-        return "; ".join(parts)
+        return "; ".join(parts) + f"; verdicts {list(sample.verdicts)}"
 
 
-def decisions_counter(kind: Kind, namespace: str) -> float:
-    """pdmtp_autoscaler_decisions_total of this PDDeployment (every role and direction), from
-    the leading operator's metrics through the API server."""
+def decisions_counter(
+    kind: Kind, namespace: str, metric: str = "pdmtp_autoscaler_decisions_total"
+) -> float:
+    """A counter of this PDDeployment (every label but its name summed; by default the
+    autoscaler's decisions), from the leading operator's metrics through the API server."""
     text = kind.operator_metrics()
     total = 0.0
     for line in text.splitlines():
         if (
-            line.startswith("pdmtp_autoscaler_decisions_total{")
+            line.startswith(metric + "{")
             and f'namespace="{namespace}"' in line
             and f'name="{NAME}"' in line
         ):
@@ -428,16 +444,14 @@ def check_load(summary: dict[str, Any], revision: str) -> None:
 
 
 def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
-    kind: Kind, namespace: str, revision: str, watch: Watch
+    kind: Kind, namespace: str, revision: str, watch: Watch, loads: Callable[..., LoadRun]
 ) -> None:
     def settled(prefill: int, decode: int) -> Callable[[Sample], bool]:
         want = {"prefill": prefill, "decode": decode}
         return lambda s: s.desired == want and s.ready == want and s.pods == want
 
     watch.until(settled(1, 1), "1P/1D before the load", 60)
-    base = LoadRun.start(
-        kind, namespace, NAME, concurrency=BASE_CLIENTS, max_requests=20_000, max_seconds=400
-    )
+    base = loads(NAME, concurrency=BASE_CLIENTS, max_requests=20_000, max_seconds=400)
     base.wait_sending()
     # Two evaluations of the base load: it asks for nothing more.
     quiet_from = time.time()
@@ -445,9 +459,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
     assert watch.latest().desired == {"prefill": 1, "decode": 1}, watch.describe(watch.latest())
     before = watch.latest()
 
-    burst = LoadRun.start(
-        kind, namespace, NAME, concurrency=BURST_CLIENTS, max_requests=20_000, max_seconds=300
-    )
+    burst = loads(NAME, concurrency=BURST_CLIENTS, max_requests=20_000, max_seconds=300)
     burst.wait_sending()
     step = load_started(kind, namespace, burst)
     up = watch.until(
@@ -495,6 +507,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
             "clients": {"base": BASE_CLIENTS, "burst": BURST_CLIENTS},
             "requests_per_second": {"base": base_rate, "peak": peak_rate},
             "before": {"desired": before.desired, "signals": signals_of(before)},
+            "verification_probes": decisions_counter(kind, namespace, PROBES),
             "peak": {"desired": peak, "signals": signals_of(at_peak)},
             "up": climb,
             "steady_window_seconds": round(steady_seconds, 1),
@@ -516,6 +529,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
     )
     for summary in totals:
         check_load(summary, revision)
+    assert results["load step: scale up, steady, scale down"]["verification_probes"] == 0
     assert not watch.outside_band(), f"desired (prefill, decode) outside the band {BAND}"
     assert steady_decisions == 0 and not steady_seen, (
         f"{steady_decisions} decisions under steady load: {steady_seen}"
@@ -533,16 +547,14 @@ def signals_of(sample: Sample) -> dict[str, Any]:
 
 
 def test_2_lower_mtp_acceptance_at_the_same_load_scales_decode_up(
-    kind: Kind, namespace: str, revision: str, watch: Watch
+    kind: Kind, namespace: str, revision: str, watch: Watch, loads: Callable[..., LoadRun]
 ) -> None:
     watch.until(
         lambda s: s.desired == s.ready == s.pods == {"prefill": 1, "decode": 1},
         "1P/1D before the load",
         150,
     )
-    run = LoadRun.start(
-        kind, namespace, NAME, concurrency=BASE_CLIENTS, max_requests=20_000, max_seconds=300
-    )
+    run = loads(NAME, concurrency=BASE_CLIENTS, max_requests=20_000, max_seconds=300)
     run.wait_sending()
 
     def measured(s: Sample) -> bool:
