@@ -218,3 +218,38 @@ def test_crd_command_and_console_script() -> None:
         [sys.executable, "-m", "pdmtp.cli", "crd"], capture_output=True, text=True, check=True
     )
     assert yaml.safe_load(done.stdout)["kind"] == "CustomResourceDefinition"
+
+
+LOADED = """
+import contextlib, io, sys
+from pdmtp.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(sys.argv[1:])
+print(" ".join(sorted(m for m in sys.modules if m.startswith("pdmtp."))))
+"""
+
+
+def loaded_by(*argv: str) -> set[str]:
+    """The pdmtp modules a fresh interpreter has loaded after `pdmtp ARGV`."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOADED, *argv], capture_output=True, text=True, check=True
+    ).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize("argv", [("run", "--help"), ("rollout", "--help"), ("--help",)])
+def test_the_operator_and_the_cluster_commands_load_no_offline_tooling(
+    argv: tuple[str, ...],
+) -> None:
+    """design.md: the operator never runs the offline tools (`pdmtp.tools`: the YAML reader,
+    the simulator), nor the other subcommands."""
+    loaded = loaded_by(*argv)
+    assert not {m for m in loaded if m.startswith("pdmtp.tools")}, sorted(loaded)
+    chosen = {f"pdmtp.cli.{argv[0]}"} if argv[0] != "--help" else set()
+    subcommands = {m for m in loaded if m.startswith("pdmtp.cli.")} - {"pdmtp.cli.base"}
+    assert subcommands == chosen, sorted(subcommands)
+
+
+def test_an_offline_command_still_loads_what_it_reads_with() -> None:
+    """The other side of the lazy import: `pdmtp validate` gets its reader."""
+    assert "pdmtp.tools.yamlread" in loaded_by("validate", "--help")

@@ -6,11 +6,9 @@ import argparse
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.crd import crd_yaml
-from pdmtp.cli.inputs import Subparsers
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser("crd", help="print a CRD (generated from the model)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kind",
         choices=[v.KIND, v.ROLE_SCALE_KIND],

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from pdmtp.cli.inputs import Subparsers
 from pdmtp.tools.reference import field_reference
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser("docs", help="print the PDDeployment field reference (Markdown)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 

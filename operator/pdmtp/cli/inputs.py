@@ -1,34 +1,19 @@
-"""What the commands read: files of PDDeployments, read as kubectl would send them, and a
-cluster client; the exit codes they share, and the error that ends a command unusable."""
+"""What the offline commands read: files of PDDeployments, read as kubectl would send them."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 from pydantic import ValidationError
 
 from pdmtp.api import crd
 from pdmtp.api.v1alpha1 import PDDeployment
+from pdmtp.cli.base import UnusableInput
 from pdmtp.core.validation import field_problems
 from pdmtp.tools import yamlread
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
-
-EXIT_COMPATIBLE = 0
-EXIT_INCOMPATIBLE = 1
-EXIT_UNUSABLE = 2
-
-# A string: argparse's class is generic only to type checkers.
-Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-
-class UnusableInput(Exception):
-    """The input cannot be read as a PDDeployment; the message names the file and field."""
 
 
 def load_documents(path: str) -> list[Any]:
@@ -144,15 +129,3 @@ def load_one(path: str) -> PDDeployment:
     if len(docs) != 1:
         raise UnusableInput(f"{path}: expected one PDDeployment, found {len(docs)} documents")
     return parse(as_stored(docs[0]), path)
-
-
-def connect(kubeconfig: str | None) -> ApiClient:
-    """The cluster client of --kubeconfig (default: in-cluster, then $KUBECONFIG), or
-    UnusableInput: no cluster to talk to."""
-    # Imported here: the offline commands must not need a cluster client.
-    from pdmtp.kube import load_client
-
-    try:
-        return load_client(kubeconfig)
-    except Exception as e:  # kubernetes.config raises several kinds; all mean "no cluster"
-        raise UnusableInput(f"no cluster to talk to: {e}") from e

@@ -10,7 +10,8 @@ from typing import Any
 
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ROLES
-from pdmtp.cli.inputs import EXIT_INCOMPATIBLE, Subparsers, UnusableInput, load_one
+from pdmtp.cli.base import EXIT_INCOMPATIBLE, UnusableInput
+from pdmtp.cli.inputs import load_one
 from pdmtp.core.agreement import check
 from pdmtp.core.revision import role_hash
 from pdmtp.core.rollout.invariants import InvariantMonitor
@@ -20,8 +21,7 @@ from pdmtp.tools import simulate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser("plan", help="simulate the rollout from one spec to another")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_file", required=True, metavar="OLD.yaml")
     p.add_argument("--to", dest="to_file", required=True, metavar="NEW.yaml")
     p.add_argument("--seed", type=int, default=0, help="order in which pods become ready")

@@ -9,14 +9,14 @@ from typing import Any
 import yaml
 
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.cli.inputs import Subparsers, UnusableInput, load_one
+from pdmtp.cli.base import UnusableInput
+from pdmtp.cli.inputs import load_one
 from pdmtp.core.agreement import check
 from pdmtp.core.render.children import RevisionReplicas, revision_children, shared_children
 from pdmtp.core.rollout.steering import target_and_policy
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser("render", help="print the child objects of a PDDeployment")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE")
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.add_argument("-n", "--namespace", default="default", help="when the file names none")

@@ -6,14 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pdmtp.cli.inputs import EXIT_INCOMPATIBLE, Subparsers, connect
+from pdmtp.cli.base import EXIT_INCOMPATIBLE, connect
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser(
-        "rollout",
-        help="rollout control: status, pause, resume, promote, undo, history (kubectl style)",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("status", "pause", "resume", "promote", "undo", "history"))
     p.add_argument("name", metavar="NAME", help="the PDDeployment")
     p.add_argument("-n", "--namespace", default="default")

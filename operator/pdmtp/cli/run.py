@@ -7,11 +7,10 @@ import argparse
 import logging
 
 from pdmtp import __version__
-from pdmtp.cli.inputs import Subparsers, UnusableInput, connect
+from pdmtp.cli.base import UnusableInput, connect
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser("run", help="run the operator")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", help="watch this namespace (repeat)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")

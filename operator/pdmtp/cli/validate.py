@@ -11,18 +11,8 @@ from typing import Any
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.cli.inputs import (
-    EXIT_COMPATIBLE,
-    EXIT_INCOMPATIBLE,
-    EXIT_UNUSABLE,
-    Subparsers,
-    UnusableInput,
-    as_stored,
-    connect,
-    load_documents,
-    parse,
-    without_status,
-)
+from pdmtp.cli.base import EXIT_COMPATIBLE, EXIT_INCOMPATIBLE, EXIT_UNUSABLE, UnusableInput, connect
+from pdmtp.cli.inputs import as_stored, load_documents, parse, without_status
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.revision import revision_of
 from pdmtp.core.validation import Problem, validate
@@ -31,11 +21,7 @@ from pdmtp.tools import yamlread
 INVALID = reasons.INVALID_SPEC
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser(
-        "validate",
-        help="check PDDeployment files: exit 0 compatible, 1 incompatible, 2 unusable",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE", help="YAML files ('-' for stdin)")
     p.add_argument("-o", "--output", choices=("text", "json"), default="text")
     p.add_argument(

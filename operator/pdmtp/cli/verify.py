@@ -7,14 +7,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pdmtp.cli.inputs import EXIT_INCOMPATIBLE, Subparsers, connect
+from pdmtp.cli.base import EXIT_INCOMPATIBLE, connect
 
 
-def add_parser(subparsers: Subparsers) -> None:
-    p = subparsers.add_parser(
-        "verify",
-        help="the verdict on each revision's KV hand-off and MTP acceptance (exit 1: Failed)",
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME", help="the PDDeployment")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG, then ~/.kube/config")
