@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -42,7 +42,7 @@ from pdmtp.core.objects import engine_url, is_terminating, labels_of, name_of, p
 from pdmtp.core.render.membership import router_urls
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
 from pdmtp.core.rollout.planner import Policy, RevisionState
-from pdmtp.core.rollout.removal import listed_engines
+from pdmtp.core.rollout.removal import listed_urls, removal_view
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.webhook import MANAGED_CONFIGURATION
@@ -571,7 +571,7 @@ class RolloutWatcher:
             for p in self._pods()
             if is_terminating(p) and labels_of(p).get(v.LABEL_ROLE) in v.ENGINE_ROLES
         ]
-        listed = listed_engines(self._pods())
+        listed = _listed_engines(self._pods())
         moment = Moment(now, self._states(), terminating, label, listed)
         broken = self.monitor.check(moment)
         if broken and len(self.views) < 5:
@@ -685,3 +685,18 @@ def objects_dump(api: client.ApiClient, namespace: str) -> Iterator[str]:
     custom = client.CustomObjectsApi(api)
     for obj in custom.list_namespaced_custom_object(*CUSTOM, namespace, v.PLURAL)["items"]:
         yield "pdd " + json.dumps(obj.get("status"), indent=1)
+
+
+def _listed_engines(pods: Iterable[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """Per revision, the engine pods (by name, terminating ones too) that some router pod of that
+    revision, terminating ones too, lists: invariant 8's view (`core.rollout.invariants`)."""
+    pods = list(pods)
+    urls = listed_urls(removal_view(pods)[1])
+    out: dict[str, set[str]] = {}
+    for pod in pods:
+        labels = labels_of(pod)
+        revision, ip = labels.get(v.LABEL_REVISION, ""), (pod.get("status") or {}).get("podIP")
+        listed = ip and engine_url(ip) in urls.get(revision, frozenset())
+        if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
+            out.setdefault(revision, set()).add(name_of(pod))
+    return {rev: frozenset(names) for rev, names in out.items()}

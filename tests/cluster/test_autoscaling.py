@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from demo_engines import publish
 from kubernetes import client
@@ -31,7 +31,6 @@ from operator_harness import (
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
 from pdmtp.core.objects import is_terminating, pod_ready
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.steering import target_and_policy
 
 INTERVAL = 2

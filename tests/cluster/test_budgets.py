@@ -6,7 +6,7 @@ allows no eviction at all, the retired revisions' budgets gone with them."""
 
 from __future__ import annotations
 
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.kubehelpers import Cluster, budget_counted, evict, pod_ready, wait_for
 from kubernetes import client
 from operator_harness import (
@@ -25,7 +25,6 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.steering import target_and_policy
 
 NAME = "budget"

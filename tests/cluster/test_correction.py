@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -24,7 +24,6 @@ from operator_harness import (
     get_pdd,
     wait_settled,
 )
-from pdmtp.core.revision import compat_revision
 
 RESTORE_SECONDS = 15
 

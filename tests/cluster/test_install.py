@@ -14,11 +14,10 @@ from typing import Any
 import pdmtp
 import pytest
 import yaml
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.kubehelpers import Cluster, kubectl, wait_for
 from kubernetes import client, config
 from operator_harness import OperatorProcess, create_pdd, get_pdd, patch_spec, settled
-from pdmtp.core.revision import compat_revision
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM_NS, ACCOUNT = "pdmtp-system", "pdmtp-operator"

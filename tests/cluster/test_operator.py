@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.kubehelpers import Cluster, pod_ready, wait_for
 from kubernetes import client
 from operator_harness import (
@@ -30,7 +30,6 @@ from operator_harness import (
 from pdmtp.api import vocabulary as v
 from pdmtp.cli.render import rendered_children
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.steering import target_and_policy
 from replicas import LEASE_SECONDS, elected, leading, wait_leader
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.kubehelpers import Cluster, install_crd, pod_ready, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -35,7 +35,6 @@ from operator_harness import (
 from pdmtp.api import vocabulary as v
 from pdmtp.core.agreement import check
 from pdmtp.core.objects import parse_time
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.steering import target_and_policy
 
 REPO = Path(__file__).resolve().parents[2]

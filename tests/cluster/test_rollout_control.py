@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from operator_harness import (
@@ -30,7 +30,6 @@ from operator_harness import (
     wait_settled,
 )
 from pdmtp.api import vocabulary as v
-from pdmtp.core.revision import compat_revision
 
 PDMTP = Path(sys.executable).parent / "pdmtp"
 REFUSE = engine_refusal("lookahead mismatch: operator expects 2, vLLM computes 1")

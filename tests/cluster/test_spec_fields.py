@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -23,7 +23,6 @@ from operator_harness import (
     wait_settled,
 )
 from pdmtp.api import vocabulary as v
-from pdmtp.core.revision import compat_revision
 
 RACK = "pdmtp.io/test-rack"
 

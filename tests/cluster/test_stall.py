@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from kubernetes import client
 from operator_harness import (
@@ -17,7 +17,6 @@ from operator_harness import (
     patch_spec,
     wait_settled,
 )
-from pdmtp.core.revision import compat_revision
 
 NAME = "stuck"
 

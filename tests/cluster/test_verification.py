@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.kubehelpers import Cluster, wait_for
 from demo_engines import publish
 from kubernetes import client
@@ -44,7 +44,7 @@ from operator_harness import (
 )
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
-from pdmtp.core.revision import compat_revision, role_hash
+from pdmtp.core.revision import role_hash
 from pdmtp.verifyctl import EXIT_FAILED, EXIT_VERIFIED
 
 PDMTP = Path(sys.executable).parent / "pdmtp"

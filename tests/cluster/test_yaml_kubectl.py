@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cluster.kubehelpers import Cluster, kubectl
 from cluster.yaml_corpus import CASES, Case, Refused, typed
-from pdmtp.tools.yamlread import ReadError, read_bytes, read_json_stream
+from pdmtp.tools.yamlread import ReadError, read_bytes, read_json_then_yaml
 
 
 def kubectl_parse(cluster: Cluster, namespace: str, path: Path) -> tuple[list[Any] | None, str]:
@@ -33,7 +33,7 @@ def kubectl_parse(cluster: Cluster, namespace: str, path: Path) -> tuple[list[An
     if done.returncode != 0:
         return None, done.stderr
     # Read kubectl's output with kubectl's own number rules (int64, else float64).
-    printed = read_json_stream(done.stdout)
+    printed = read_json_then_yaml(done.stdout, yaml_after=False)
     objects = []
     for obj in printed:
         objects += obj["items"] if obj.get("kind") == "List" and "items" in obj else [obj]

@@ -23,12 +23,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from cluster.operator_harness import RolloutWatcher
 from e2e.kindkit import OPERATOR_NAMESPACE, OPERATOR_SELECTOR, Figures, Kind, LoadRun, wait_for
 from kubernetes import config as kube_config
 from pdmtp.core.agreement import check
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.steering import target_and_policy
 from pdmtp.manager import LOST_LEASE_EXIT
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pdmtp.api.v1alpha1 import PDDeployment
+from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from pdmtp.core.effective import resolve
+from pdmtp.core.revision import revision_of
 
 
 class PDDBuilder:
@@ -137,3 +139,8 @@ def unjudged(obj: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(obj)
     out["spec"]["verification"] = {"mode": "Report"}
     return out
+
+
+def compat_revision(spec: PDDeploymentSpec) -> str:
+    """The revision the operator names `spec`'s workloads by (`revision_of` its settings)."""
+    return revision_of(resolve(spec))

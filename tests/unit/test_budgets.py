@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
-from builders import pdd
+from builders import compat_revision, pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, RolloutSpec
 from pdmtp.api.vocabulary import EngineRole
@@ -21,7 +21,6 @@ from pdmtp.core.objects import pod_ready
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.render import budgets
 from pdmtp.core.render.children import RevisionReplicas, revision_children
-from pdmtp.core.revision import compat_revision
 
 from tests.support.fake_cluster import FakeCluster
 

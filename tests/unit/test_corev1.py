@@ -15,7 +15,7 @@ from versions import read_versions
 
 
 def test_the_snapshot_is_of_the_pinned_kubernetes() -> None:
-    assert corev1.kubernetes_version() == read_versions(environ={})["K8S_VERSION"]
+    assert corev1.snapshot()["kubernetes"] == read_versions(environ={})["K8S_VERSION"]
 
 
 def test_the_crd_embeds_the_core_schemas_with_their_list_map_keys() -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from builders import pdd
+from builders import compat_revision, pdd
 from pdmtp.core.agreement import check
 from pdmtp.core.drift import drifted
 from pdmtp.core.effective import resolve
 from pdmtp.core.render.children import engine_deployment, shared_children
-from pdmtp.core.revision import compat_revision
 
 
 def rendered() -> dict[str, Any]:

@@ -10,11 +10,10 @@ import random
 from dataclasses import replace
 
 import pytest
-from builders import pdd
+from builders import compat_revision, pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.objects import is_terminating, pod_ready
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.evacuation import evacuate
 from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, clients_reach
 from pdmtp.core.rollout.removal import EnginePod, _victim_order

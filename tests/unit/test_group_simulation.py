@@ -58,6 +58,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from builders import compat_revision
 from fake_cluster import FakeCluster
 from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
@@ -67,7 +68,6 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.actions import Delete
 from pdmtp.core.objects import parse_time
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.validation import validate

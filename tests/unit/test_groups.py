@@ -7,6 +7,7 @@ import copy
 from dataclasses import replace
 from typing import Any
 
+from builders import compat_revision
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
@@ -18,7 +19,6 @@ from pdmtp.core.objects import pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import decide
 from pdmtp.core.render.children import RevisionReplicas, revision_children
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.scaling.roles import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
-from builders import pdd
+from builders import compat_revision, pdd
 from cluster.pod_corpus import MULTI_NODE, Shape, doc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,7 +35,6 @@ from pdmtp.cli import main
 from pdmtp.core.agreement import check
 from pdmtp.core.groups.podgroups import rank_args
 from pdmtp.core.render.children import RevisionReplicas, revision_children
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.validation import validate
 from pydantic import ValidationError
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pdmtp
 import yaml
+from builders import compat_revision
 from pdmtp.cli.inputs import load_one
-from pdmtp.core.revision import compat_revision
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.executable).parent.parent

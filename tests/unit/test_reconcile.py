@@ -5,12 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Apply, Delete, Scale
 from pdmtp.core.reconcile import Decision, Observed, decide
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.status.conditions import ConditionUpdate, set_conditions
 
 NOW = 1_800_000_000.0

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import check
@@ -20,7 +20,7 @@ from pdmtp.core.render.children import (
 )
 from pdmtp.core.render.membership import Membership, Prefill
 from pdmtp.core.render.weights import served_model
-from pdmtp.core.revision import compat_revision, role_hash
+from pdmtp.core.revision import role_hash
 from pdmtp.core.rollout.states import revision_states
 
 

@@ -8,11 +8,10 @@ import json
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.agreement import check
 from pdmtp.core.render.children import engine_pod_template
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.validation import validate
 
 

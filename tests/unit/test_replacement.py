@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, VerificationSpec
@@ -16,7 +16,6 @@ from pdmtp.core.objects import engine_url, is_terminating, parse_time, pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.render.membership import container_args, router_urls
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.planner import RevisionState, RoleState, clients_reach
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.scaling.roles import PodMetrics

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api.v1alpha1 import PDDeployment
-from pdmtp.core.revision import compat_revision, role_hash
+from pdmtp.core.revision import role_hash
 
 REPO = Path(__file__).resolve().parents[2]
 

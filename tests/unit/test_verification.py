@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from builders import PDDBuilder, pdd
+from builders import PDDBuilder, compat_revision, pdd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import reasons
@@ -22,7 +22,6 @@ from pdmtp.core.context import Context
 from pdmtp.core.objects import format_time
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
-from pdmtp.core.revision import compat_revision
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.rollout.steering import Health, steer, target_and_policy

@@ -48,10 +48,6 @@ def snapshot() -> dict[str, Any]:
     return data
 
 
-def kubernetes_version() -> str:
-    return str(snapshot()["kubernetes"])
-
-
 def _inline(node: Any, definitions: dict[str, Any], seen: tuple[str, ...]) -> Any:
     if isinstance(node, list):
         return [_inline(n, definitions, seen) for n in node]

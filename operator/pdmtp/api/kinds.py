@@ -161,14 +161,3 @@ KOPF: Final = (
     ),
     Kind("Namespace", "", "v1", "namespaces", READ, namespaced=False),
 )
-
-
-def needed_grants() -> frozenset[Grant]:
-    """Every permission the operator's ServiceAccount needs in the namespaces it serves (its
-    ClusterRole), and nothing else."""
-    return frozenset(g for k in (*KINDS, *KOPF) if not k.home for g in k.grants())
-
-
-def home_grants() -> frozenset[Grant]:
-    """What it needs in its own namespace only (a Role there): the leader Lease."""
-    return frozenset(g for k in KINDS if k.home for g in k.grants())

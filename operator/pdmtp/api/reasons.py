@@ -577,8 +577,3 @@ WARNING_REASONS: Final = frozenset(
     }
 )
 """Reasons whose condition, whenever it appears or changes its message, is a Warning event."""
-
-
-def reasons_of(belongs_to: str) -> list[str]:
-    """The reasons registered for a condition type (or EVENT), in order."""
-    return [r.name for r in REASONS if r.belongs_to == belongs_to]

@@ -105,11 +105,6 @@ def hash_of(eff: Effective, role: Role) -> str:
     return _digest(role_settings(eff.role(role)))
 
 
-def compat_revision(spec: PDDeploymentSpec) -> str:
-    """`revision_of` a spec."""
-    return revision_of(resolve(spec))
-
-
 def role_hash(spec: PDDeploymentSpec, role: Role | EngineRole) -> str:
     """`hash_of` a spec's role."""
     return hash_of(resolve(spec), role)

@@ -615,13 +615,7 @@ def _json_strings(value: Any) -> Any:
     return value
 
 
-def read_json_stream(text: str) -> list[Any]:
-    """JSON values one after another (what kubectl prints), numbers as kubectl holds them."""
-    values = _read_json_then_yaml(text, yaml_after=False)
-    return values
-
-
-def _read_json_then_yaml(
+def read_json_then_yaml(
     text: str, yaml_after: bool = True, warnings: list[str] | None = None
 ) -> list[Any]:
     """kubectl's JSON path: JSON values one after another; where one does not parse and at most
@@ -709,7 +703,7 @@ def read_stream(text: str, warnings: list[str] | None = None) -> list[Any]:
     are skipped, as kubectl skips them. Raises ReadError. A duplicate key is no error (kubectl
     keeps the last value without a word): `warnings` gets a line for each."""
     if looks_like_json(text):
-        values = _read_json_then_yaml(text, warnings=warnings)
+        values = read_json_then_yaml(text, warnings=warnings)
     else:
         values = _read_yaml(text, warnings=warnings)
     return [item for v in values if v is not None for item in _flatten(v)]

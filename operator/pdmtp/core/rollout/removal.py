@@ -250,18 +250,3 @@ def listed_waits(waiting: Iterable[Waiting]) -> list[Wait]:
         )
         for w in waiting
     ]
-
-
-def listed_engines(pods: Iterable[Obj]) -> dict[str, frozenset[str]]:
-    """Per revision, the engine pods (by name, terminating ones too) that some router pod of that
-    revision, terminating ones too, lists: invariant 8's view (`core.rollout.invariants`)."""
-    pods = list(pods)
-    urls = listed_urls(removal_view(pods)[1])
-    out: dict[str, set[str]] = {}
-    for pod in pods:
-        labels = labels_of(pod)
-        revision, ip = labels.get(v.LABEL_REVISION, ""), (pod.get("status") or {}).get("podIP")
-        listed = ip and engine_url(ip) in urls.get(revision, frozenset())
-        if labels.get(v.LABEL_ROLE) in v.ENGINE_ROLES and listed:
-            out.setdefault(revision, set()).add(name_of(pod))
-    return {rev: frozenset(names) for rev, names in out.items()}
