@@ -77,7 +77,6 @@ ANNOTATION_DELETION_COST: Final = "controller.kubernetes.io/pod-deletion-cost"
 """The ReplicaSet controller deletes the pods with the lowest cost first."""
 RELEASED_DELETION_COST: Final = "-1000000"
 """The cost a leaving pod gets once no router lists it: the ReplicaSet's first choice."""
-ANNOTATION_KOPF_PREFIX: Final = f"kopf.{GROUP}"
 
 # Environment variables the rendered engine pods carry. The engine launcher (images/engine)
 # reads the PDMTP_* ones; a test checks both sides spell them alike.
