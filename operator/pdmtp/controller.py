@@ -27,8 +27,9 @@ from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATC
 from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale, SetStatus
+from pdmtp.core.context import Observed
 from pdmtp.core.objects import cordoned_nodes
-from pdmtp.core.reconcile import Observed, decide
+from pdmtp.core.reconcile import decide
 from pdmtp.election import Elector
 from pdmtp.expectations import Expectations, after_delete, after_write
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess

@@ -20,9 +20,10 @@ from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Rejection, Scale
+from pdmtp.core.context import Observed
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.objects import format_time, parse_time
-from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.core.reconcile import Decision, decide
 from pdmtp.core.scaling.roles import PodMetrics
 
 Obj = dict[str, Any]

@@ -17,7 +17,8 @@ from builders import pdd
 from pdmtp.api import kinds
 from pdmtp.api.kinds import Grant
 from pdmtp.core.actions import Apply
-from pdmtp.core.reconcile import Observed, decide
+from pdmtp.core.context import Observed
+from pdmtp.core.reconcile import decide
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC = REPO / "deploy" / "operator" / "rbac.yaml"

@@ -9,7 +9,8 @@ from builders import PDDBuilder, compat_revision, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Apply, Delete, Scale
-from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.core.context import Observed
+from pdmtp.core.reconcile import Decision, decide
 from pdmtp.core.status.conditions import ConditionUpdate, set_conditions
 
 NOW = 1_800_000_000.0

@@ -287,7 +287,8 @@ def test_every_action_applied_when_none_is_refused() -> None:
 
 
 def test_no_event_claims_an_action_that_was_never_sent() -> None:
-    from pdmtp.core.reconcile import Observed, decide
+    from pdmtp.core.context import Observed
+    from pdmtp.core.reconcile import decide
 
     body = pdd("ev").dict() | {"metadata": {"name": "ev", "namespace": "ns", "generation": 1}}
     decision = decide(Observed(body), 1_000_000.0)

@@ -12,8 +12,9 @@ from builders import PDDBuilder, pdd
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Annotate, Apply, Delete, SetStatus
+from pdmtp.core.context import Observed
 from pdmtp.core.promtext import Scrape
-from pdmtp.core.reconcile import Decision, Observed, decide
+from pdmtp.core.reconcile import Decision, decide
 from pdmtp.core.scaling.roles import PodMetrics
 from test_reconcile import applied, body, pods_for, split
 

@@ -11,7 +11,8 @@ import yaml
 from builders import pdd
 from pdmtp.api import reasons
 from pdmtp.cli import main
-from pdmtp.core.reconcile import Observed, decide
+from pdmtp.core.context import Observed
+from pdmtp.core.reconcile import decide
 from pdmtp.core.validation import field_path, validate
 
 NOW = 1_800_000_000.0

@@ -1,6 +1,7 @@
-"""One reconcile's context: the PDDeployment as validated, what was observed of it, and the
-clock. `reconcile.decide` builds it once; it is immutable, and the steps that would otherwise
-take its parts one by one (steering, a revision's actions, the status) take it whole."""
+"""One reconcile's context: what the shell observed for a PDDeployment (`Observed`), and the
+`Context` built from it once (`context_of`): the PDDeployment as validated, its children read
+once for every step, and the clock. Immutable; the steps that would otherwise take its parts
+one by one (steering, a revision's writes, the status) take it whole."""
 
 from __future__ import annotations
 
@@ -8,14 +9,38 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
+from pdmtp.core.actions import key_of
 from pdmtp.core.agreement import Agreement
-from pdmtp.core.groups.grouping import Group
-from pdmtp.core.render.history import Recorded
+from pdmtp.core.groups.grouping import Group, groups_of, units
+from pdmtp.core.objects import annotations_of, format_time, labels_of
+from pdmtp.core.render.history import Recorded, recorded
 from pdmtp.core.scaling.roles import PodMetrics
 
 Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the shell observed for one PDDeployment."""
+
+    pdd: Obj
+    deployments: Sequence[Obj] = ()
+    pods: Sequence[Obj] = ()
+    others: Sequence[Obj] = ()
+    """The PDDeployment's other watched children: every kind in `pdmtp.api.kinds.WATCHED` but
+    Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions,
+    PDRoleScales, PodGroups, PodDisruptionBudgets), labelled with its name."""
+    metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
+    """The engine pods' latest scrapes by pod name (with spec.autoscaling, or a
+    spec.verification.mode other than Off)."""
+    workload_api: str | None = None
+    """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`, ...), None
+    when it serves none: a multi-node spec is refused then (`others` then holds no PodGroup)."""
+    cordoned: frozenset[str] = frozenset()
+    """Nodes marked unschedulable (a drain under way): engine pods on them are moved first."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +64,7 @@ class Context:
     counts."""
     groups: Sequence[Group] = ()
     others: Sequence[Obj] = ()
-    """Every other watched child (see `reconcile.Observed.others`)."""
+    """Every other watched child (see `Observed.others`)."""
     existing: Mapping[str, Obj] = field(default_factory=dict)
     """The Deployments and `others` by key (`actions.key_of`): what rendering diffs against."""
     history: Sequence[Recorded] = ()
@@ -54,3 +79,50 @@ class Context:
     @property
     def spec(self) -> PDDeploymentSpec:
         return self.pdd.spec
+
+
+def context_of(
+    observed: Observed,
+    pdd: PDDeployment,
+    agreement: Agreement,
+    old: PDDeploymentStatus,
+    raw_status: Obj,
+    generation: int | None,
+    now: float,
+) -> Context:
+    """This PDDeployment's children out of what was observed, read once for every step."""
+    name = pdd.metadata.name
+
+    def mine(objs: Sequence[Obj], kind: str | None = None) -> list[Obj]:
+        return [
+            o
+            for o in objs
+            if labels_of(o).get(v.LABEL_NAME) == name and (kind is None or o.get("kind") == kind)
+        ]
+
+    raw_pods = mine(observed.pods)
+    pod_groups = mine(observed.others, v.POD_GROUP_KIND)
+    deployments = mine(observed.deployments)
+    existing = {key_of({**o, "kind": "Deployment"}): o for o in deployments}
+    existing.update({key_of(o): o for o in observed.others})
+    return Context(
+        pdd=pdd,
+        agreement=agreement,
+        generation=generation,
+        old=old,
+        raw_old=raw_status,
+        now=now,
+        stamp=format_time(now),
+        promoted=annotations_of(observed.pdd).get(v.ANNOTATION_PROMOTE),
+        deployments=deployments,
+        raw_pods=raw_pods,
+        # A multi-node group counts as one replica: the core reads units (`grouping`).
+        pods=units(raw_pods, pod_groups),
+        groups=groups_of(raw_pods, pod_groups),
+        others=observed.others,
+        existing=existing,
+        history=recorded(observed.others, name),
+        metrics=observed.metrics,
+        workload_api=observed.workload_api,
+        cordoned=observed.cordoned,
+    )

@@ -31,13 +31,12 @@ from pdmtp.core.actions import (
     Event,
     Rejection,
     apply_if_drifted,
-    key_of,
 )
 from pdmtp.core.agreement import Agreement
-from pdmtp.core.context import Context
+from pdmtp.core.context import Context, Observed, context_of
 from pdmtp.core.groups import podgroups
-from pdmtp.core.groups.grouping import groups_of, units, workloads
-from pdmtp.core.objects import annotations_of, format_time, labels_of, name_of, parse_time
+from pdmtp.core.groups.grouping import workloads
+from pdmtp.core.objects import format_time, labels_of, name_of, parse_time
 from pdmtp.core.pods import (
     crash_looping,
     engine_failures,
@@ -52,7 +51,6 @@ from pdmtp.core.render.children import (
 )
 from pdmtp.core.render.history import (
     history_actions,
-    recorded,
 )
 from pdmtp.core.revision import hash_of
 from pdmtp.core.rollout.evacuation import evacuate
@@ -73,7 +71,6 @@ from pdmtp.core.rollout.steering import (
     track,
 )
 from pdmtp.core.scaling.roles import (
-    PodMetrics,
     Scaling,
     role_scale_actions,
     role_scale_counts,
@@ -96,27 +93,6 @@ from pdmtp.core.verification.verdict import Verdict
 from pdmtp.core.writers import marks, orphan_budgets, revision_actions, verified_spec
 
 Obj = Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Observed:
-    """What the shell observed for one PDDeployment."""
-
-    pdd: Obj
-    deployments: Sequence[Obj] = ()
-    pods: Sequence[Obj] = ()
-    others: Sequence[Obj] = ()
-    """The PDDeployment's other watched children: every kind in `pdmtp.api.kinds.WATCHED` but
-    Deployment and Pod (Services, ServiceAccounts, NetworkPolicies, ControllerRevisions,
-    PDRoleScales, PodGroups, PodDisruptionBudgets), labelled with its name."""
-    metrics: Mapping[str, PodMetrics] = field(default_factory=dict)
-    """The engine pods' latest scrapes by pod name (with spec.autoscaling, or a
-    spec.verification.mode other than Off)."""
-    workload_api: str | None = None
-    """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`, ...), None
-    when it serves none: a multi-node spec is refused then (`others` then holds no PodGroup)."""
-    cordoned: frozenset[str] = frozenset()
-    """Nodes marked unschedulable (a drain under way): engine pods on them are moved first."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +183,7 @@ def decide(observed: Observed, now: float) -> Decision:
     if (missing := _missing_workload_api(verdict.agreement, observed.workload_api)) is not None:
         refused = unusable(old, generation, missing, stamp, reasons.WORKLOAD_API_UNAVAILABLE)
         return _unusable(refused, old, raw_status)
-    ctx = _context(observed, verdict.pdd, verdict.agreement, old, raw_status, generation, now)
+    ctx = context_of(observed, verdict.pdd, verdict.agreement, old, raw_status, generation, now)
 
     # 1b. Autoscale: the counts the roles roll to (scaling is not a rollout: same revision).
     spec_target, spec_policy = target_and_policy(ctx.agreement)
@@ -332,53 +308,6 @@ def _missing_workload_api(agreement: Agreement, workload_api: str | None) -> str
         "to gang-schedule its groups, and this API server serves none: enable the "
         "GenericWorkload feature gate and the API (--runtime-config) on the control plane, "
         "or remove multiNode"
-    )
-
-
-def _context(
-    observed: Observed,
-    pdd: PDDeployment,
-    agreement: Agreement,
-    old: PDDeploymentStatus,
-    raw_status: Obj,
-    generation: int | None,
-    now: float,
-) -> Context:
-    """This PDDeployment's children out of what was observed, read once for every step."""
-    name = pdd.metadata.name
-
-    def mine(objs: Sequence[Obj], kind: str | None = None) -> list[Obj]:
-        return [
-            o
-            for o in objs
-            if labels_of(o).get(v.LABEL_NAME) == name and (kind is None or o.get("kind") == kind)
-        ]
-
-    raw_pods = mine(observed.pods)
-    pod_groups = mine(observed.others, v.POD_GROUP_KIND)
-    deployments = mine(observed.deployments)
-    existing = {key_of({**o, "kind": "Deployment"}): o for o in deployments}
-    existing.update({key_of(o): o for o in observed.others})
-    return Context(
-        pdd=pdd,
-        agreement=agreement,
-        generation=generation,
-        old=old,
-        raw_old=raw_status,
-        now=now,
-        stamp=format_time(now),
-        promoted=annotations_of(observed.pdd).get(v.ANNOTATION_PROMOTE),
-        deployments=deployments,
-        raw_pods=raw_pods,
-        # A multi-node group counts as one replica: the core reads units (`grouping`).
-        pods=units(raw_pods, pod_groups),
-        groups=groups_of(raw_pods, pod_groups),
-        others=observed.others,
-        existing=existing,
-        history=recorded(observed.others, name),
-        metrics=observed.metrics,
-        workload_api=observed.workload_api,
-        cordoned=observed.cordoned,
     )
 
 
