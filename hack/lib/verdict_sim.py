@@ -33,11 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 from pdmtp.core.promtext import Scrape
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification import statistics as st
 from pdmtp.core.verification.statistics import RatioSample
 from pdmtp.core.verification.verdict import Outcome, Reference, Rules, evidence, judge, started
-from pdmtp.core.windows import Window
+from pdmtp.core.windows import PodMetrics, Window
 
 Array = NDArray[np.float64]
 EXACT_STEPS = 30

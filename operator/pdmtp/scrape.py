@@ -38,7 +38,7 @@ from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
 from pdmtp.core.objects import is_terminating, labels_of, name_of, pod_url
 from pdmtp.core.promtext import Scrape, parse_scrape
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 
 log = logging.getLogger("pdmtp.scrape")
 

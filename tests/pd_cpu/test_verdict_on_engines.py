@@ -49,7 +49,7 @@ one position further back than the target on both heads."""
 JUDGE = """
 import dataclasses, json, sys
 from pdmtp.core.promtext import parse_scrape
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 from pdmtp.core.verification.verdict import Reference, Rules, evidence, judge
 
 request = json.load(sys.stdin)

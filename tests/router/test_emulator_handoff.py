@@ -16,7 +16,6 @@ import time
 from dataclasses import replace
 
 from pdmtp.core.promtext import parse_scrape
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.verdict import (
     Finding,
     Reference,
@@ -25,6 +24,7 @@ from pdmtp.core.verification.verdict import (
     judge,
     recent,
 )
+from pdmtp.core.windows import PodMetrics
 from pdmtp_emulator.handoff import HandoffCounts
 from pdmtp_emulator.load import parse_weights
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning

@@ -24,7 +24,7 @@ from pdmtp.core.context import Observed
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.objects import format_time, parse_time
 from pdmtp.core.reconcile import Decision, decide
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 
 Obj = dict[str, Any]
 CREATED = "2027-01-15T08:00:00Z"

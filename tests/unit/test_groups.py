@@ -19,7 +19,7 @@ from pdmtp.core.objects import pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import decide
 from pdmtp.core.render.children import RevisionReplicas, revision_children
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster
 

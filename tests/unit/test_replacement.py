@@ -18,8 +18,8 @@ from pdmtp.core.reconcile import Decision
 from pdmtp.core.render.membership import container_args, router_urls
 from pdmtp.core.rollout.planner import RevisionState, RoleState, clients_reach
 from pdmtp.core.rollout.states import revision_states
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.revisions import marked, replacements
+from pdmtp.core.windows import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster
 

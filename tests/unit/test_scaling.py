@@ -15,7 +15,7 @@ from pdmtp.core.actions import Annotate, Apply, Delete, SetStatus
 from pdmtp.core.context import Observed
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision, decide
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 from test_reconcile import applied, body, pods_for, split
 
 NOW = 1_800_000_000.0

@@ -13,7 +13,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.render.children import HOLD_SECONDS
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 
 from tests.support.fake_cluster import FakeCluster
 

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pdmtp.core import promtext
 from pdmtp.core.promtext import Scrape, parse_scrape
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification import statistics as stats
 from pdmtp.core.verification.statistics import (
     RatioSample,
@@ -37,7 +36,7 @@ from pdmtp.core.verification.verdict import (
     recent,
     started,
 )
-from pdmtp.core.windows import MAX_WINDOWS, Window, between, record
+from pdmtp.core.windows import MAX_WINDOWS, PodMetrics, Window, between, record
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = Rules(expected_backoff=2)

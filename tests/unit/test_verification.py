@@ -25,7 +25,6 @@ from pdmtp.core.reconcile import Decision
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
 from pdmtp.core.rollout.steering import Health, steer, target_and_policy
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.status.events import condition_events
 from pdmtp.core.verification.revisions import (
     expected_backoff,
@@ -34,6 +33,7 @@ from pdmtp.core.verification.revisions import (
     verdicts,
 )
 from pdmtp.core.verification.verdict import Finding, Handoff, Outcome, Verdict
+from pdmtp.core.windows import PodMetrics
 from pdmtp.tools.simulate import SimCluster, run
 from rollout_strategies import policies, targets
 

@@ -17,7 +17,7 @@ from pdmtp.core.agreement import Agreement
 from pdmtp.core.groups.grouping import Group, groups_of, units
 from pdmtp.core.objects import annotations_of, format_time, labels_of
 from pdmtp.core.render.history import Recorded, recorded
-from pdmtp.core.scaling.roles import PodMetrics
+from pdmtp.core.windows import PodMetrics
 
 Obj = Mapping[str, Any]
 

@@ -1,6 +1,9 @@
 """Deterministic names and labels of every child object: computed, never stored."""
 
+from typing import Any
+
 from pdmtp.api import vocabulary as v
+from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import Role
 
 
@@ -33,14 +36,14 @@ def group_id(number: int) -> str:
     return f"g{number}"
 
 
-def owner_reference(name: str, uid: str) -> dict[str, str | bool]:
+def owner_reference(pdd: PDDeployment) -> dict[str, Any]:
     """The controller owner reference to a PDDeployment: the garbage collector removes children
     with their owner."""
     return {
         "apiVersion": v.API_VERSION,
         "kind": v.KIND,
-        "name": name,
-        "uid": uid,
+        "name": pdd.metadata.name,
+        "uid": pdd.metadata.uid or "",
         "controller": True,
         "blockOwnerDeletion": True,
     }

@@ -7,6 +7,9 @@ the spread of the windows' ratios measures the variance from the data
 (`core.verification.statistics`). The scraper keeps each pod's windows in memory, appending one
 per scrape (`record`); an operator restart starts them again.
 
+`PodMetrics` is what the scraper keeps per pod: its two latest scrapes (the autoscaler's rates)
+and these windows.
+
 Pure: scrapes in, windows out. The history is bounded: at `MAX_WINDOWS` neighbours are merged
 pairwise, so old evidence is kept in coarser windows rather than dropped.
 """
@@ -99,3 +102,20 @@ def record(
             for i in range(0, len(kept), 2)
         ]
     return tuple(kept)
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    """A pod's two latest scrapes, as the shell's metrics source holds them, and its counters'
+    windows since the operator first scraped it (the verdict's evidence)."""
+
+    latest: Scrape | None = None
+    previous: Scrape | None = None
+    windows: tuple[Window, ...] = ()
+
+    def scraped(self, scrape: Scrape) -> PodMetrics:
+        """These metrics after a new scrape; unchanged by one no newer than the latest (a file
+        not rewritten)."""
+        if self.latest is not None and scrape.at <= self.latest.at:
+            return self
+        return PodMetrics(scrape, self.latest, record(self.windows, self.latest, scrape))

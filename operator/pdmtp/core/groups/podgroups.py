@@ -146,7 +146,7 @@ def group_pod(
             "namespace": pdd.metadata.namespace,
             "labels": labels,
             "annotations": dict(pod["metadata"].get("annotations") or {}),
-            "ownerReferences": [_owner(pdd)],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "spec": spec,
     }
@@ -174,7 +174,7 @@ def pod_group(
             "name": names.group(name, revision, role, group_id),
             "namespace": pdd.metadata.namespace,
             "labels": names.group_labels(name, revision, role, group_id),
-            "ownerReferences": [_owner(pdd)],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "spec": spec,
     }
@@ -191,7 +191,7 @@ def group_service(pdd: PDDeployment, revision: str, role: EngineRole) -> Manifes
             "name": names.workload(name, revision, role),
             "namespace": pdd.metadata.namespace,
             "labels": names.pod_labels(name, revision, role),
-            "ownerReferences": [_owner(pdd)],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "spec": {
             "clusterIP": "None",
@@ -231,7 +231,3 @@ def next_group_ids(taken: set[str], count: int) -> list[str]:
             out.append(gid)
         n += 1
     return out
-
-
-def _owner(pdd: PDDeployment) -> Manifest:
-    return dict(names.owner_reference(pdd.metadata.name, pdd.metadata.uid or ""))

@@ -91,7 +91,7 @@ def disruption_budget(
             "name": names.disruption_budget(name, revision, role),
             "namespace": pdd.metadata.namespace,
             "labels": names.pod_labels(name, revision, role),
-            "ownerReferences": [dict(names.owner_reference(name, pdd.metadata.uid or ""))],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "spec": spec,
     }

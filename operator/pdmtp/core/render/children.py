@@ -55,17 +55,12 @@ class RevisionReplicas:
     drain_until: str | None = None
 
 
-def owner_reference(pdd: PDDeployment) -> Manifest:
-    """Controller owner reference: the garbage collector removes children with their owner."""
-    return dict(names.owner_reference(pdd.metadata.name, pdd.metadata.uid or ""))
-
-
 def _metadata(pdd: PDDeployment, name: str, labels: Mapping[str, str]) -> Manifest:
     return {
         "name": name,
         "namespace": pdd.metadata.namespace,
         "labels": dict(labels),
-        "ownerReferences": [owner_reference(pdd)],
+        "ownerReferences": [names.owner_reference(pdd)],
     }
 
 

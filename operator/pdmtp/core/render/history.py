@@ -23,7 +23,6 @@ from pdmtp.core.actions import Action, Delete, apply_if_drifted
 from pdmtp.core.effective import resolve
 from pdmtp.core.hashing import short_hash
 from pdmtp.core.objects import labels_of, name_of
-from pdmtp.core.render.children import owner_reference
 from pdmtp.core.revision import hash_of
 
 Obj = Mapping[str, Any]
@@ -99,7 +98,7 @@ def controller_revision(pdd: PDDeployment, revision: str, number: int) -> Manife
             "name": f"{pdd.metadata.name}-{revision}-{short_hash(spec, SPEC_HASH_LENGTH)}",
             "namespace": pdd.metadata.namespace,
             "labels": labels,
-            "ownerReferences": [owner_reference(pdd)],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "data": {"spec": spec},
         "revision": number,

@@ -9,6 +9,6 @@ for, one safe step at a time.
   `evacuation`: pods on cordoned nodes, or marked for replacement, move first.
 - `invariants`: the rollout invariants, checked at every moment of a simulation and watch.
 
-Imports only the parts below it: `context`, `scaling`, `render`, `groups` and the base modules;
+Imports only the parts below it: `context`, `render`, `groups` and the base modules;
 never `verification`, `status` or `reconcile`, which read it (`make lint` holds this).
 """

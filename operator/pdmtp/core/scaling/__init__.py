@@ -4,5 +4,5 @@
 - `roles`: the autoscaler's step for a PDDeployment (its status, its events), and the PDRoleScale
   objects whose scale subresource lets an HPA or KEDA set a role's count instead.
 
-Imports only `render`, `groups` and the base modules (`make lint` holds this).
+Beside `rollout`, independent of it; imports only the base modules (`make lint` holds this).
 """

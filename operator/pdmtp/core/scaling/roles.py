@@ -41,32 +41,13 @@ from pdmtp.core.objects import (
     parse_time,
     pod_ready,
 )
-from pdmtp.core.promtext import Scrape
-from pdmtp.core.render.children import owner_reference
 from pdmtp.core.scaling import autoscaler as a
-from pdmtp.core.windows import Window, record
+from pdmtp.core.windows import PodMetrics
 
 Obj = Mapping[str, Any]
 
 EARLY_SECONDS = 0.5
 """An evaluation this close to its interval counts as due (requeues land a little early)."""
-
-
-@dataclass(frozen=True)
-class PodMetrics:
-    """A pod's two latest scrapes, as the shell's metrics source holds them, and its counters'
-    windows since the operator first scraped it (`core.windows`: the verdict's evidence)."""
-
-    latest: Scrape | None = None
-    previous: Scrape | None = None
-    windows: tuple[Window, ...] = ()
-
-    def scraped(self, scrape: Scrape) -> PodMetrics:
-        """These metrics after a new scrape; unchanged by one no newer than the latest (a file
-        not rewritten)."""
-        if self.latest is not None and scrape.at <= self.latest.at:
-            return self
-        return PodMetrics(scrape, self.latest, record(self.windows, self.latest, scrape))
 
 
 @dataclass(frozen=True)
@@ -168,7 +149,7 @@ def role_scale_manifest(pdd: PDDeployment, role: EngineRole, replicas: int) -> d
             "name": names.role_scale(name, role),
             "namespace": pdd.metadata.namespace,
             "labels": {**names.base_labels(name), v.LABEL_ROLE: role},
-            "ownerReferences": [owner_reference(pdd)],
+            "ownerReferences": [names.owner_reference(pdd)],
         },
         "spec": {"replicas": replicas},
     }

@@ -6,6 +6,6 @@
   and the serving decodes whose pulls keep failing (replaced).
 - `probing`: the operator's own requests while a verdict waits for traffic.
 
-Imports only the parts below it: `rollout`, `context`, `scaling`, `render`, `groups` and the
+Imports only the parts below it: `rollout`, `scaling`, `context`, `render`, `groups` and the
 base modules (the layers contract in pyproject.toml; `make lint` holds it).
 """

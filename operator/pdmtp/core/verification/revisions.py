@@ -49,7 +49,6 @@ from pdmtp.core.objects import (
 )
 from pdmtp.core.rollout.planner import RevisionState, establishment
 from pdmtp.core.rollout.steering import Gate
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.verdict import (
     Handoff,
     LoadFailurePolicy,
@@ -62,6 +61,7 @@ from pdmtp.core.verification.verdict import (
     recent,
     started,
 )
+from pdmtp.core.windows import PodMetrics
 
 Obj = Mapping[str, Any]
 

@@ -46,7 +46,6 @@ from pdmtp.core.objects import (
     pod_ready,
 )
 from pdmtp.core.pods import ready_since
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification.revisions import (
     expected_backoff,
     load_failure_policy,
@@ -61,6 +60,7 @@ from pdmtp.core.verification.verdict import (
     judge,
     started,
 )
+from pdmtp.core.windows import PodMetrics
 
 Obj = Mapping[str, object]
 

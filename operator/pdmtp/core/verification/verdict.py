@@ -28,10 +28,9 @@ from enum import StrEnum
 from typing import Literal
 
 from pdmtp.api import reasons
-from pdmtp.core.scaling.roles import PodMetrics
 from pdmtp.core.verification import statistics as st
 from pdmtp.core.verification.statistics import RatioSample
-from pdmtp.core.windows import Window
+from pdmtp.core.windows import PodMetrics, Window
 
 LoadFailurePolicy = Literal["recompute", "fail"]
 RECENT_WINDOWS = 4
