@@ -5,7 +5,7 @@ a real engine's do: requests beyond the capacity wait, the histograms count what
 MTP acceptance follows the configured rate (and a change to it at runtime), and a lower acceptance
 makes decode hold more requests at the same offered load. Every check reads the metrics through
 the operator's own parser (`pdmtp.core.promtext.parse_scrape`), and one feeds them to
-`pdmtp.core.scaling.autoscaler.decide`, so a rename on either side fails here.
+`pdmtp.core.scaling.autoscaler.evaluate`, so a rename on either side fails here.
 
 Everything binds 127.0.0.1; every load is a fixed number of requests with a time bound.
 """
@@ -26,7 +26,7 @@ import pytest
 from pdmtp.api.autoscaling import AutoscalingSpec, RoleAutoscaling
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.promtext import Scrape, parse_scrape
-from pdmtp.core.scaling.autoscaler import Coverage, PodObservation, RoleHistory, Signal, decide
+from pdmtp.core.scaling.autoscaler import Coverage, PodObservation, RoleHistory, Signal, evaluate
 from router.emulator import EngineEmulator, EngineFactory, Identity, Tuning
 from router.harness import RouterFactory, completion_body, get, post
 
@@ -252,7 +252,7 @@ def test_acceptance_follows_the_configured_rate_and_the_admin_call(engine: Engin
     drafts = second.drafts - first.drafts
     assert accepted / (drafts * k) == pytest.approx(0.3, abs=0.02)
     # The same window as the autoscaler reads it: accepted tokens per draft, between two scrapes.
-    decision = decide(
+    decision = evaluate(
         default_autoscaling(expected_acceptance_length=2.4),
         {"prefill": [], "decode": [PodObservation("d0", True, latest=second, previous=first)]},
         {"prefill": 1, "decode": 1},
@@ -402,7 +402,7 @@ def test_prefill_and_decode_metrics_through_the_router_feed_every_default_signal
     assert after["d0"].inter_token_latency.count == after["d0"].drafts
 
     spec = default_autoscaling(expected_acceptance_length=rate * k)
-    decision = decide(
+    decision = evaluate(
         spec,
         {
             "prefill": [PodObservation("p0", True, latest=after["p0"], previous=before["p0"])],

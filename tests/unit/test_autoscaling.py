@@ -36,7 +36,7 @@ from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.promtext import parse_scrape, samples
 from pdmtp.core.scaling.autoscaler import (
     Coverage,
-    Decision,
+    Evaluation,
     HistogramTotals,
     PodObservation,
     Recommendation,
@@ -44,7 +44,7 @@ from pdmtp.core.scaling.autoscaler import (
     ScaleEvent,
     Scrape,
     Signal,
-    decide,
+    evaluate,
 )
 from pydantic import ValidationError
 
@@ -110,8 +110,8 @@ def run(
     current: tuple[int, int],
     history: Mapping[EngineRole, RoleHistory] = EMPTY,
     now: float = NOW,
-) -> Decision:
-    return decide(spec, both(prefill, decode), both(*current), history, now)
+) -> Evaluation:
+    return evaluate(spec, both(prefill, decode), both(*current), history, now)
 
 
 def policy_of(
@@ -338,7 +338,9 @@ def test_an_external_role_without_a_count_from_its_scale_endpoint_keeps_its_coun
     decision = run(policy_of(prefill=external), pods(3, waiting=40.0), pods(1), (3, 1))
     assert decision.roles["prefill"].desired == 3
     assert "no signal configured" in decision.roles["prefill"].reason
-    asked = decide(policy_of(prefill=external), both((), ()), both(3, 1), EMPTY, NOW, both(9, None))
+    asked = evaluate(
+        policy_of(prefill=external), both((), ()), both(3, 1), EMPTY, NOW, both(9, None)
+    )
     assert asked.roles["prefill"].desired == 8
     assert "set to 9 through its scale endpoint; maxReplicas 8" in asked.roles["prefill"].reason
 
@@ -371,7 +373,7 @@ class Loop:
             )
             for i in range(self.replicas)
         )
-        decision = decide(
+        decision = evaluate(
             self.policy,
             both(prefill, pods(1, at=self.now, running=32.0)),
             both(self.replicas, 1),
@@ -706,7 +708,7 @@ def test_an_acceptance_drop_in_a_closed_loop_scales_decode_up_once_and_settles()
             )
             for pod in decode_serving(replicas, demand / replicas, acceptance)
         )
-        decision = decide(
+        decision = evaluate(
             policy_of(decode=decode),
             both(pods(1, at=now, waiting=4.0), current),
             both(1, replicas),
@@ -837,7 +839,7 @@ class Case:
     current: tuple[int, int]
     history: Mapping[EngineRole, RoleHistory]
 
-    def decide(self) -> Decision:
+    def evaluate(self) -> Evaluation:
         return run(self.policy, self.prefill, self.decode, self.current, self.history)
 
 
@@ -875,7 +877,7 @@ PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 @PROPERTY
 @given(cases())
 def test_every_decision_stays_within_min_max_and_the_reachable_ratio_band(case: Case) -> None:
-    decision = case.decide()
+    decision = case.evaluate()
     prefill, decode = decision.roles["prefill"].desired, decision.roles["decode"].desired
     for role, count in both(prefill, decode).items():
         bounds = scaling(case.policy, role)
@@ -895,7 +897,7 @@ def test_every_decision_stays_within_min_max_and_the_reachable_ratio_band(case: 
 @PROPERTY
 @given(cases(ratio=False))
 def test_missing_or_stale_data_never_scales_a_role_down(case: Case) -> None:
-    decision = case.decide()
+    decision = case.evaluate()
     for role in ENGINE_ROLES:
         result = decision.roles[role]
         rules = scaling(case.policy, role)
@@ -919,7 +921,7 @@ def test_pods_that_are_not_ready_change_nothing(
         if to_decode
         else replace(case, prefill=not_ready + case.prefill)
     )
-    assert with_extra.decide() == case.decide()
+    assert with_extra.evaluate() == case.evaluate()
 
 
 @PROPERTY
@@ -946,7 +948,7 @@ def test_more_load_never_lowers_a_recommendation(case: Case, factor: float) -> N
         prefill=tuple(map(heavier, case.prefill)),
         decode=tuple(map(heavier, case.decode)),
     )
-    before, after = case.decide(), loaded.decide()
+    before, after = case.evaluate(), loaded.evaluate()
     for role in ENGINE_ROLES:
         assert after.roles[role].recommendation >= before.roles[role].recommendation
         assert after.roles[role].desired >= before.roles[role].desired
@@ -955,7 +957,7 @@ def test_more_load_never_lowers_a_recommendation(case: Case, factor: float) -> N
 @PROPERTY
 @given(cases(ratio=False))
 def test_a_scale_up_stays_within_its_step_limit(case: Case) -> None:
-    decision = case.decide()
+    decision = case.evaluate()
     for role in ENGINE_ROLES:
         result, rules = decision.roles[role], scaling(case.policy, role).scale_up_rules()
         if result.current < scaling(case.policy, role).min_replicas:

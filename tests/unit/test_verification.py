@@ -28,8 +28,8 @@ from pdmtp.core.rollout.steering import Health, steer, target_and_policy
 from pdmtp.core.status.events import condition_events
 from pdmtp.core.verification.revisions import (
     expected_backoff,
-    gate,
     load_failure_policy,
+    rollout_gate,
     verdicts,
 )
 from pdmtp.core.verification.verdict import Finding, Handoff, Outcome, Verdict
@@ -252,11 +252,11 @@ def verdict(outcome: Outcome, finding: Finding = Finding.VERIFIED) -> Verdict:
 def test_what_each_mode_makes_of_a_verdict(
     mode: Any, outcome: Outcome, fails: bool, awaits: bool, verified: bool
 ) -> None:
-    g = gate(VerificationSpec(mode=mode), verdict(outcome, Finding.PULL_FAILED))
+    g = rollout_gate(VerificationSpec(mode=mode), verdict(outcome, Finding.PULL_FAILED))
     assert (g.failure is not None, g.awaiting is not None, g.verified) == (fails, awaits, verified)
     # Only the default mode lets a rollout go on when no verdict comes by the deadline.
     assert g.release_at_deadline == (awaits and mode == "Rollback")
-    assert gate(VerificationSpec(mode=mode), None).failure is None
+    assert rollout_gate(VerificationSpec(mode=mode), None).failure is None
 
 
 def _steer(
@@ -267,7 +267,9 @@ def _steer(
     agreement = check(spec)
     target, policy = target_and_policy(agreement)
     health = Health(
-        verification=gate(spec.effective_verification, None if judged is None else verdict(judged))
+        verification=rollout_gate(
+            spec.effective_verification, None if judged is None else verdict(judged)
+        )
     )
     ctx = Context(
         pdd=built,

@@ -171,7 +171,7 @@ def _flag_findings(eff: Effective) -> list[Finding]:
     return findings
 
 
-def judge(eff: Effective) -> Agreement:
+def agreement_of(eff: Effective) -> Agreement:
     """Every cross-role rule, in a stable order, with the lookahead each role derives."""
     prefill = role_lookahead(eff, eff.prefill)
     decode = role_lookahead(eff, eff.decode)
@@ -187,5 +187,5 @@ def judge(eff: Effective) -> Agreement:
 
 
 def check(spec: PDDeploymentSpec) -> Agreement:
-    """`judge` the spec's resolved settings."""
-    return judge(resolve(spec))
+    """`agreement_of` the spec's resolved settings."""
+    return agreement_of(resolve(spec))

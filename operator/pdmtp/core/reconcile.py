@@ -324,7 +324,7 @@ def _health(ctx: Context, spec_verdict: Verdict | None) -> Health:
         crash_looping(ctx.raw_pods),
         unschedulable(ctx.raw_pods),
         waits(ctx.raw_pods, ctx.deployments, budgets_seen, ctx.now, cordoned=ctx.cordoned),
-        revisions.gate(ctx.spec.effective_verification, spec_verdict),
+        revisions.rollout_gate(ctx.spec.effective_verification, spec_verdict),
     )
 
 

@@ -1,6 +1,6 @@
 """Elastic P/D: how many prefill and decode pods the load asks for, decided as a pure function.
 
-`decide(spec, pods, current, history, now)` takes spec.autoscaling as the API types it (its
+`evaluate(spec, pods, current, history, now)` takes spec.autoscaling as the API types it (its
 defaults resolved by `pdmtp.api.autoscaling`, the one place they are written), the engines' own
 metrics per pod (already parsed, see `pdmtp.core.promtext`), each pod's Ready flag, the replicas
 each role has now, the recommendations and scale events of the last minutes and the time, and
@@ -101,7 +101,7 @@ from pdmtp.core.promtext import HistogramTotals, Scrape
 __all__ = [
     "Acceptance",
     "Coverage",
-    "Decision",
+    "Evaluation",
     "HistogramTotals",
     "PodObservation",
     "Recommendation",
@@ -111,7 +111,7 @@ __all__ = [
     "Scrape",
     "Signal",
     "SignalReading",
-    "decide",
+    "evaluate",
 ]
 
 
@@ -158,7 +158,7 @@ class ScaleEvent:
 
 @dataclass(frozen=True)
 class RoleHistory:
-    """What stabilisation and step limits remember; `decide` returns it pruned and updated."""
+    """What stabilisation and step limits remember; `evaluate` returns it pruned and updated."""
 
     recommendations: tuple[Recommendation, ...] = ()
     scale_events: tuple[ScaleEvent, ...] = ()
@@ -220,7 +220,7 @@ class RoleDecision:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Evaluation:
     roles: Mapping[EngineRole, RoleDecision]
     history: Mapping[EngineRole, RoleHistory]
     """Persist this once the desired replicas are written; pass it back next time."""
@@ -233,14 +233,14 @@ class Decision:
 UNREACHABLE = "unreachable within min/max replicas: min/max win"
 
 
-def decide(
+def evaluate(
     spec: AutoscalingSpec,
     pods: Mapping[EngineRole, Sequence[PodObservation]],
     current: Mapping[EngineRole, int],
     history: Mapping[EngineRole, RoleHistory],
     now: float,
     external: Mapping[EngineRole, int | None] | None = None,
-) -> Decision:
+) -> Evaluation:
     """Desired replicas per role, with the reason, from metrics, spec, history and `now`.
 
     A role without spec.autoscaling keeps its `current` count (the band still counts it).
@@ -258,7 +258,7 @@ def decide(
         )
     final = {"prefill": prefill, "decode": decode}
     decisions = {role: staged[role].finish(final[role], ratio_note) for role in ENGINE_ROLES}
-    return Decision(
+    return Evaluation(
         decisions,
         {
             role: _remember(spec.role(role), history[role], decisions[role], now)

@@ -2,7 +2,7 @@
 
 `scale(spec, old, pods, metrics, external, now)` turns the status's remembered recommendations and
 changes into the decision's history, the engine pods and their scrapes into observations, calls
-`pdmtp.core.scaling.autoscaler.decide` on spec.autoscaling once per interval, and
+`pdmtp.core.scaling.autoscaler.evaluate` on spec.autoscaling once per interval, and
 returns the desired count per role with the status to write and the events to post. Between two
 evaluations the counts stay as the status says, so a reconcile that an unrelated event triggers
 moves nothing; a changed bound (min/max, a role's own replicas, the band) or a new count on an
@@ -202,7 +202,7 @@ def scale(
         assert old is not None and last is not None
         return Scaling(current, old, (), max(0.0, last + auto.interval_seconds - now))
 
-    decision = a.decide(
+    decision = a.evaluate(
         auto,
         {role: observations(pods, metrics, role) for role in v.ENGINE_ROLES},
         current,
@@ -243,7 +243,7 @@ def _role_status(
     role: EngineRole,
     source: Source,
     made: a.RoleDecision,
-    decision: a.Decision,
+    decision: a.Evaluation,
     pods: Sequence[Obj],
     stamp: str,
     was: RoleScaling | None,

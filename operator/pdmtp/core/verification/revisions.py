@@ -17,10 +17,10 @@ The backoff a revision is held to is the one its own decode pods were started wi
 names (vLLM's default, fail, where it names none): an old revision is judged by what it was
 rendered with, not by the spec.
 
-`gate` turns the spec's mode and the update revision's verdict into what the rollout does: fail
-(roll back) on Failed; hold the old revision's last pods until there is a verdict (mode Rollback,
-up to the progress deadline, then the rollout goes on unverified) or until Verified (mode Gate, a
-deadline passed fails it); hold an auto-promoting canary until Verified.
+`rollout_gate` turns the spec's mode and the update revision's verdict into what the rollout does:
+fail (roll back) on Failed; hold the old revision's last pods until there is a verdict (mode
+Rollback, up to the progress deadline, then the rollout goes on unverified) or until Verified (mode
+Gate, a deadline passed fails it); hold an auto-promoting canary until Verified.
 
 `replacements` picks the serving decode pods whose KV receives keep failing: each is marked
 (`pdmtp.io/replace`, which says why) and moved as a pod on a cordoned node is, its replacement
@@ -105,7 +105,7 @@ def expected_backoff(decode_pods: Iterable[Obj]) -> int | None:
     return None
 
 
-def speculative_config(decode_pods: Iterable[Obj]) -> str | None:
+def started_speculative_config(decode_pods: Iterable[Obj]) -> str | None:
     """The `--speculative-config` the pods were started with (the first that has one)."""
     return _flag(decode_pods, "--speculative-config")
 
@@ -166,13 +166,15 @@ def verdicts(
             # changes both alike. Its first window is its life before the operator saw it.
             since = started(mine)
             theirs = evidence(scraped[anchor], since, first=False)
-            alike = speculative_config(decodes[s.revision]) == speculative_config(decodes[anchor])
+            alike = started_speculative_config(decodes[s.revision]) == started_speculative_config(
+                decodes[anchor]
+            )
             reference = Reference(theirs, alike)
         out[s.revision] = judge(evidence(mine), reference, rules)
     return out
 
 
-def gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:
+def rollout_gate(spec: VerificationSpec, verdict: Verdict | None) -> Gate:
     if spec.mode in ("Off", "Report") or verdict is None:
         return Gate(verified=verdict is not None and verdict.outcome == Outcome.VERIFIED)
     if verdict.outcome == Outcome.FAILED:

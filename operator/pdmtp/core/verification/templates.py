@@ -50,7 +50,7 @@ from pdmtp.core.verification.revisions import (
     expected_backoff,
     load_failure_policy,
     rules_of,
-    speculative_config,
+    started_speculative_config,
 )
 from pdmtp.core.verification.verdict import (
     Outcome,
@@ -286,7 +286,7 @@ def _judge(
     reference = None
     theirs = [m for p in old if (m := metrics.get(name_of(p)))]
     if theirs:
-        alike = speculative_config(new) == speculative_config(old)
+        alike = started_speculative_config(new) == started_speculative_config(old)
         reference = Reference(evidence(theirs, started(scraped), first=False), alike)
     return judge(evidence(scraped), reference, rules)
 
