@@ -32,6 +32,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import Kind
 from pdmtp.backoff import backoff
+from pdmtp.core.objects import resource_version
 from pdmtp.kube import ApiError, send
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,6 @@ def _owner(obj: Mapping[str, Any]) -> Key | None:
     meta = obj.get("metadata") or {}
     owner = (meta.get("labels") or {}).get(v.LABEL_NAME)
     return (meta.get("namespace", ""), owner) if owner else None
-
-
-def _resource_version(obj: Mapping[str, Any] | None) -> str | None:
-    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
 
 def _slim(obj: Obj, kind: str) -> Obj:
@@ -107,7 +104,7 @@ class Table:
 
     def held(self, namespace: str, name: str) -> str | None:
         with self._lock:
-            return _resource_version(self._objects.get((namespace, name)))
+            return resource_version(self._objects.get((namespace, name)))
 
 
 class Sink(Protocol):
@@ -187,7 +184,7 @@ class ChildStore:
     def held(self, kind: str, namespace: str, name: str) -> str | None:
         """The resourceVersion held for `kind` `namespace`/`name`, None when none is held."""
         with self._lock:
-            return _resource_version(self._objects.get(kind, {}).get((namespace, name)))
+            return resource_version(self._objects.get(kind, {}).get((namespace, name)))
 
 
 class Reflector:

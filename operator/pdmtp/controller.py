@@ -3,7 +3,7 @@
 Reflectors (`pdmtp.cache`) watch the PDDeployments, every child kind pdmtp manages and the Nodes
 into in-memory stores. Every event only puts the owning PDDeployment's key on the work queue
 (`pdmtp.workqueue`). Workers take one key at a time, read its children from the store (no API
-request), call `pdmtp.core.reconcile.decide`, apply the actions (the executor: stopping at the
+request), call `pdmtp.core.reconcile.decide`, apply the actions (`pdmtp.executor`: stopping at the
 first refusal), write the status once if it changed, with the refused writes in it, and post the
 events of what was accepted after that write. Writes never enter the stores: each leaves an
 expectation (`pdmtp.expectations`), and the key's next reconcile waits until the watch shows it.
@@ -26,12 +26,13 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
 from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
-from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Rejection, Scale, SetStatus
+from pdmtp.core.actions import Event
 from pdmtp.core.context import Observed
-from pdmtp.core.objects import cordoned_nodes
+from pdmtp.core.objects import cordoned_nodes, resource_version
 from pdmtp.core.reconcile import decide
 from pdmtp.election import Elector
-from pdmtp.expectations import Expectations, after_delete, after_write
+from pdmtp.executor import Executor
+from pdmtp.expectations import Expectations, after_write
 from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
@@ -63,22 +64,6 @@ def _spans_nodes(body: Mapping[str, Any] | None) -> bool:
     """Whether a PDDeployment asks for a multi-node role (it needs the Workload API)."""
     spec = (body or {}).get("spec") or {}
     return any(isinstance(spec.get(r), dict) and "multiNode" in spec[r] for r in v.ENGINE_ROLES)
-
-
-@dataclass(frozen=True)
-class Applied:
-    """How a step's actions went: the refusal that stopped it, if any, and the keys of the
-    actions not applied (the refused or stale one and every one after it)."""
-
-    refused: tuple[Rejection, ...] = ()
-    unapplied: tuple[str, ...] = ()
-    stale: bool = False
-    """Stopped by a conditional write whose object had changed since it was observed."""
-
-
-def _version(answer: Mapping[str, Any] | None) -> str | None:
-    """The resourceVersion a write's answer carries (None: the object is gone)."""
-    return None if answer is None else (answer.get("metadata") or {}).get("resourceVersion")
 
 
 class WritesRefused(Exception):
@@ -122,6 +107,11 @@ class Controller:
     nodes: Table = field(default_factory=Table)
     """Every Node, from its reflector: for the cordons a drain begins with."""
     cordoned: frozenset[str] = frozenset()
+    executor: Executor = field(init=False)
+    """Applies a decision's actions (`pdmtp.executor`)."""
+
+    def __post_init__(self) -> None:
+        self.executor = Executor(self.kube, self.expectations, self.metrics, self.held)
 
     # ---- watch side -----------------------------------------------------------------------
 
@@ -308,7 +298,7 @@ class Controller:
         while True:
             key = await self.queue.get()
             try:
-                if (wait := self.expectations.wait(key, self._held)) is not None:
+                if (wait := self.expectations.wait(key, self.held)) is not None:
                     # The watch event that shows the write queues the key again.
                     self.queue.add_after(key, wait)
                     continue
@@ -327,7 +317,8 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    def _held(self, kind: str, namespace: str, name: str) -> str | None:
+    def held(self, kind: str, namespace: str, name: str) -> str | None:
+        """The resourceVersion the caches hold of an object (None: not there)."""
         if kind == PDDEPLOYMENT.kind:
             return self.pdds.held(namespace, name)
         return self.store.held(kind, namespace, name)
@@ -357,7 +348,7 @@ class Controller:
         namespace, name = key
         started = time.monotonic()
         decision = decide(self.observed(body, namespace, name), time.time())
-        applied = await asyncio.to_thread(self._apply, key, decision.actions)
+        applied = await asyncio.to_thread(self.executor.apply, key, decision.actions)
         refused = applied.refused
         report = decision.report(refused, applied.unapplied)
         stale_status = False
@@ -365,7 +356,7 @@ class Controller:
             old = body.get("status") or {}
             # Over the version observed: a status decided on a stale view (or one a newer
             # leader has written over) is refused rather than laid on top.
-            version = (body.get("metadata") or {}).get("resourceVersion")
+            version = resource_version(body)
             try:
                 written = await asyncio.to_thread(
                     self.kube.patch_status, namespace, name, report.status, old, v.KIND, version
@@ -376,7 +367,9 @@ class Controller:
                 log.info("%s/%s changed since it was observed; status re-planned", *key)
                 self.metrics.stale_writes.inc()
                 written, stale_status = None, True
-            self.expectations.expect(key, after_write(v.KIND, name, version, _version(written)))
+            self.expectations.expect(
+                key, after_write(v.KIND, name, version, resource_version(written))
+            )
         for event in report.events:
             # Posted by one task in order, after the status write: events are best effort and
             # need not hold this key's worker.
@@ -390,57 +383,6 @@ class Controller:
         if applied.stale or stale_status:  # the watch is about to bring what changed
             return STALE_REQUEUE_SECONDS
         return decision.requeue_after
-
-    def _apply(self, key: Key, actions: tuple[Action, ...]) -> Applied:
-        """Apply in order and stop at the first refusal: the actions after it were planned on
-        a world where it succeeded, and the next reconcile re-plans from what is there."""
-        for i, action in enumerate(actions):
-            try:
-                self._apply_one(key, action)
-            except ApiError as e:
-                rest = tuple(a.key for a in actions[i + 1 :])
-                if e.status == 409 and getattr(action, "resource_version", None) is not None:
-                    log.info("%s changed since it was observed; re-planning", action.key)
-                    self.metrics.stale_writes.inc()
-                    return Applied((), (action.key, *rest), stale=True)
-                log.warning("The API server refused %s: %s", action.key, e.message)
-                rejection = Rejection(action.key, e.status, e.message)
-                return Applied((rejection,), (action.key, *rest))
-        return Applied()
-
-    def _apply_one(self, key: Key, action: Action) -> None:
-        namespace = key[0]
-        before = self._held(action.kind, namespace, action.name)
-        answer: Mapping[str, Any] | None
-        if isinstance(action, Apply):
-            answer = self.kube.apply(action.manifest, action.resource_version)
-            verb = "Updated" if action.exists else "Created"
-            log.info("%s %s", verb, action.key, extra={"namespace": namespace})
-        elif isinstance(action, Scale):
-            answer = self.kube.scale(
-                namespace, action.name, action.replicas, action.resource_version
-            )
-            log.info("Scaled %s to %d", action.key, action.replicas)
-        elif isinstance(action, Delete):
-            self.kube.delete(action.kind, namespace, action.name)
-            self.expectations.expect(key, after_delete(action.kind, action.name, before))
-            log.info("Deleted %s", action.key)
-            return
-        elif isinstance(action, SetStatus):
-            answer = self.kube.patch_status(
-                namespace, action.name, action.status, action.old, action.kind
-            )
-        elif isinstance(action, Annotate):
-            body = {"metadata": {"annotations": dict(action.annotations)}}
-            answer = self.kube.patch(
-                POD.kind, namespace, action.name, body, "application/merge-patch+json"
-            )
-            log.info("Marked %s: %s", action.key, body["metadata"]["annotations"])
-        created = isinstance(action, Apply) and not action.exists
-        expectation = after_write(
-            action.kind, action.name, before, _version(answer), created=created
-        )
-        self.expectations.expect(key, expectation)
 
     async def _poster(self) -> None:
         while True:

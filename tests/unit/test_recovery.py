@@ -258,7 +258,7 @@ def _controller(script: dict[str, int | None]) -> tuple[Controller, ScriptedKube
 
 def test_a_step_stops_at_its_first_refusal() -> None:
     controller, fake = _controller({"Deployment/old-prefill": 422})
-    applied = controller._apply(("ns", "pd"), ACTIONS)
+    applied = controller.executor.apply(("ns", "pd"), ACTIONS)
     assert fake.sent == ["Service/svc", "Deployment/old-prefill"]
     assert [r.key for r in applied.refused] == ["Deployment/old-prefill"]
     assert applied.unapplied == ("Deployment/old-prefill", "Pod/pod-1", "Deployment/older-router")
@@ -267,7 +267,7 @@ def test_a_step_stops_at_its_first_refusal() -> None:
 
 def test_a_stale_conditional_write_stops_the_step_without_claiming_a_refusal() -> None:
     controller, fake = _controller({"Deployment/old-prefill": 409})
-    applied = controller._apply(("ns", "pd"), ACTIONS)
+    applied = controller.executor.apply(("ns", "pd"), ACTIONS)
     assert fake.sent == ["Service/svc", "Deployment/old-prefill"]
     assert applied.stale and applied.refused == ()
     assert applied.unapplied[0] == "Deployment/old-prefill"
@@ -276,13 +276,13 @@ def test_a_stale_conditional_write_stops_the_step_without_claiming_a_refusal() -
 
 def test_an_unconditional_conflict_is_a_refusal() -> None:
     controller, _ = _controller({"Service/svc": 409})
-    applied = controller._apply(("ns", "pd"), ACTIONS)
+    applied = controller.executor.apply(("ns", "pd"), ACTIONS)
     assert not applied.stale and [r.status for r in applied.refused] == [409]
 
 
 def test_every_action_applied_when_none_is_refused() -> None:
     controller, fake = _controller({})
-    applied = controller._apply(("ns", "pd"), ACTIONS)
+    applied = controller.executor.apply(("ns", "pd"), ACTIONS)
     assert len(fake.sent) == 4 and applied.refused == applied.unapplied == ()
 
 

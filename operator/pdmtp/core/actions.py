@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pdmtp.core.drift import drifted
+from pdmtp.core.objects import resource_version
 
 Obj = Mapping[str, Any]
 Manifest = dict[str, Any]
@@ -136,7 +137,3 @@ def apply_if_drifted(manifest: Manifest, existing: Mapping[str, Obj]) -> Apply |
         return None
     precondition = resource_version(current) if "spec.replicas" in paths else None
     return Apply(manifest, exists=True, drift=tuple(paths), resource_version=precondition)
-
-
-def resource_version(obj: Obj) -> str | None:
-    return (obj.get("metadata") or {}).get("resourceVersion") or None

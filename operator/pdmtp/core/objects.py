@@ -102,3 +102,9 @@ def describe(facts: Sequence[Named], limit: int = 3) -> str:
     named = ", ".join(f"{w.object} ({w.reason}: {w.message})" for w in facts[:limit])
     more = len(facts) - limit
     return named + (f" and {more} more" if more > 0 else "")
+
+
+def resource_version(obj: Obj | None) -> str | None:
+    """The object's resourceVersion (None: no object, or none given): what a conditional write
+    names and an expectation waits for."""
+    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion") or None

@@ -22,13 +22,12 @@ from pdmtp.core.actions import (
     Scale,
     apply_if_drifted,
     key_of,
-    resource_version,
 )
 from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.context import Context
 from pdmtp.core.groups import podgroups
 from pdmtp.core.groups.actions import group_actions
-from pdmtp.core.objects import format_time, labels_of
+from pdmtp.core.objects import format_time, labels_of, resource_version
 from pdmtp.core.render import budgets
 from pdmtp.core.render.children import (
     engine_deployment,
