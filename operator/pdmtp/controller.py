@@ -28,7 +28,7 @@ from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Event
 from pdmtp.core.context import Observed
-from pdmtp.core.objects import cordoned_nodes, resource_version
+from pdmtp.core.objects import cordoned_nodes, is_terminating, resource_version
 from pdmtp.core.reconcile import decide
 from pdmtp.election import Elector
 from pdmtp.executor import Executor
@@ -303,7 +303,7 @@ class Controller:
                     self.queue.add_after(key, wait)
                     continue
                 body = self.pdds.get(key)
-                if body is not None and not (body.get("metadata") or {}).get("deletionTimestamp"):
+                if body is not None and not is_terminating(body):
                     requeue = await self.reconcile(key, body)
                     self.failures.pop(key, None)
                     if requeue is not None:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from pdmtp.api.kinds import POD
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.cache import ChildStore, Table
+from pdmtp.core.objects import is_terminating
 from pdmtp.core.verification.probing import Probe, due
 from pdmtp.metrics import Metrics
 
@@ -103,7 +104,7 @@ class Prober:
 
     def due_now(self, key: Key, now: float) -> list[Probe]:
         body = self.pdds.get(key)
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+        if body is None or is_terminating(body):
             return []
         try:
             spec = PDDeploymentSpec.model_validate(body.get("spec") or {})

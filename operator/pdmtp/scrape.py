@@ -30,19 +30,18 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.autoscaling import AutoscalingSpec
 from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.objects import is_terminating, labels_of, name_of, pod_url
+from pdmtp.core.objects import Obj, is_terminating, labels_of, metadata_of, name_of, pod_url
 from pdmtp.core.promtext import Scrape, parse_scrape
 from pdmtp.core.windows import PodMetrics
 
 log = logging.getLogger("pdmtp.scrape")
 
-Obj = Mapping[str, Any]
 Key = tuple[str, str]
 
 TIMEOUT_SECONDS = 2.0
@@ -88,7 +87,7 @@ class DirectorySource:
         return self.root / namespace / f"{pod_name}.prom"
 
     def read(self, pod: Obj) -> Scrape | None:
-        path = self.path_of((pod.get("metadata") or {}).get("namespace", ""), name_of(pod))
+        path = self.path_of(metadata_of(pod).get("namespace", ""), name_of(pod))
         try:
             at = path.stat().st_mtime
             text = path.read_text()
@@ -179,7 +178,7 @@ def _autoscaled(body: Obj | None) -> bool:
 
 
 def _interval(body: Obj | None, verify_seconds: float) -> float | None:
-    if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+    if body is None or is_terminating(body):
         return None
     spec = body.get("spec") or {}
     auto = spec.get("autoscaling")

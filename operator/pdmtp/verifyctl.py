@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pdmtp.api import reasons
+from pdmtp.core.objects import metadata_of
 from pdmtp.core.status.conditions import find, parse_conditions
 from pdmtp.kube import Kube
 from pdmtp.rolloutctl import get
@@ -89,7 +90,7 @@ def outcome(obj: Mapping[str, Any]) -> tuple[int, str]:
     status = obj.get("status") or {}
     conditions = parse_conditions(status.get("conditions") or [])
     verified = find(conditions, reasons.VERIFIED)
-    current = status.get("observedGeneration") == (obj.get("metadata") or {}).get("generation")
+    current = status.get("observedGeneration") == metadata_of(obj).get("generation")
     if verified is None or not current:
         return EXIT_PENDING, "the operator has not judged this generation yet"
     line = f"Verified={verified.status} ({verified.reason}): {verified.message}"

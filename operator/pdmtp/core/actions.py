@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pdmtp.core.drift import drifted
-from pdmtp.core.objects import resource_version
+from pdmtp.core.objects import Obj, resource_version
 
-Obj = Mapping[str, Any]
 Manifest = dict[str, Any]
 
 

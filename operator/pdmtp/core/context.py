@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import PDDeploymentStatus
@@ -15,11 +14,9 @@ from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.core.actions import key_of
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.groups.grouping import Group, groups_of, units
-from pdmtp.core.objects import annotations_of, format_time, labels_of
+from pdmtp.core.objects import Obj, annotations_of, format_time, labels_of
 from pdmtp.core.render.history import Recorded, recorded
 from pdmtp.core.windows import PodMetrics
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)

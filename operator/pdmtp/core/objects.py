@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from pdmtp.api import vocabulary as v
 
 Obj = Mapping[str, Any]
+"""A Kubernetes object as the API and the caches give it: plain JSON, read only. The one
+definition; every module that reads objects imports it from here."""
 
 
 def parse_time(value: str | None) -> float | None:
@@ -25,20 +27,30 @@ def format_time(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def metadata_of(obj: Obj | None) -> Obj:
+    """The object's metadata ({} when it has none, or there is no object)."""
+    return (obj or {}).get("metadata") or {}
+
+
 def labels_of(obj: Obj) -> Mapping[str, str]:
-    return (obj.get("metadata") or {}).get("labels") or {}
+    return metadata_of(obj).get("labels") or {}
 
 
 def annotations_of(obj: Obj) -> Mapping[str, str]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
+    return metadata_of(obj).get("annotations") or {}
 
 
 def name_of(obj: Obj) -> str:
-    return str((obj.get("metadata") or {}).get("name", ""))
+    return str(metadata_of(obj).get("name", ""))
 
 
-def is_terminating(obj: Obj) -> bool:
-    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+def is_terminating(obj: Obj | None) -> bool:
+    return bool(metadata_of(obj).get("deletionTimestamp"))
+
+
+def created_at(obj: Obj) -> float | None:
+    """When the API server created the object (epoch seconds; None: not recorded)."""
+    return parse_time(metadata_of(obj).get("creationTimestamp"))
 
 
 def pod_ready(pod: Obj) -> bool:
@@ -107,4 +119,4 @@ def describe(facts: Sequence[Named], limit: int = 3) -> str:
 def resource_version(obj: Obj | None) -> str | None:
     """The object's resourceVersion (None: no object, or none given): what a conditional write
     names and an expectation waits for."""
-    return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion") or None
+    return metadata_of(obj).get("resourceVersion") or None

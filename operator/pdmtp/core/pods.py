@@ -18,6 +18,7 @@ from pdmtp.core.objects import (
     is_leaving,
     is_terminating,
     labels_of,
+    metadata_of,
     name_of,
     parse_time,
     pod_ready,
@@ -191,7 +192,7 @@ def ready_since(pod: Obj) -> str | None:
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == "Ready" and c.get("lastTransitionTime"):
             return str(c["lastTransitionTime"])
-    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    created = metadata_of(pod).get("creationTimestamp")
     return str(created) if created else None
 
 

@@ -36,7 +36,7 @@ from pdmtp.core.agreement import Agreement
 from pdmtp.core.context import Context, Observed, context_of
 from pdmtp.core.groups import podgroups
 from pdmtp.core.groups.grouping import workloads
-from pdmtp.core.objects import format_time, labels_of, name_of, parse_time
+from pdmtp.core.objects import Obj, format_time, labels_of, metadata_of, name_of, parse_time
 from pdmtp.core.pods import (
     crash_looping,
     engine_failures,
@@ -91,8 +91,6 @@ from pdmtp.core.verification import revisions, templates
 from pdmtp.core.verification.templates import TemplateRoll
 from pdmtp.core.verification.verdict import Verdict
 from pdmtp.core.writers import marks, orphan_budgets, revision_actions, verified_spec
-
-Obj = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -173,7 +171,7 @@ def decide(observed: Observed, now: float) -> Decision:
     body = observed.pdd
     raw_status: Obj = body.get("status") or {}
     old = parse_status(raw_status)
-    generation = (body.get("metadata") or {}).get("generation")
+    generation = metadata_of(body).get("generation")
 
     # 1. Validate.
     verdict = validate(body)

@@ -27,7 +27,14 @@ from pdmtp.core.agreement import Agreement, check
 from pdmtp.core.context import Context
 from pdmtp.core.groups import podgroups
 from pdmtp.core.groups.actions import group_actions
-from pdmtp.core.objects import format_time, labels_of, resource_version
+from pdmtp.core.objects import (
+    Obj,
+    format_time,
+    is_terminating,
+    labels_of,
+    name_of,
+    resource_version,
+)
 from pdmtp.core.render import budgets
 from pdmtp.core.render.children import (
     engine_deployment,
@@ -40,9 +47,6 @@ from pdmtp.core.render.membership import revision_membership
 from pdmtp.core.rollout.planner import RevisionPlan
 from pdmtp.core.rollout.removal import EnginePod, Removal
 from pdmtp.core.verification.templates import TemplateRoll
-
-Obj = Mapping[str, Any]
-
 
 Shapes = dict[EngineRole, int | None]
 """Per engine role with a workload to guard: None for a Deployment's pods, else pods per group
@@ -214,12 +218,12 @@ def orphan_budgets(name: str, live: Collection[str], others: Sequence[Obj]) -> l
     """Deletes of budgets whose revision is gone (retired while a delete was refused, or before
     the operator rendered budgets at all): nothing else would remove them before their owner."""
     return [
-        Delete(v.DISRUPTION_BUDGET_KIND, str((o.get("metadata") or {}).get("name")))
+        Delete(v.DISRUPTION_BUDGET_KIND, name_of(o))
         for o in others
         if o.get("kind") == v.DISRUPTION_BUDGET_KIND
         and labels_of(o).get(v.LABEL_NAME) == name
         and labels_of(o).get(v.LABEL_REVISION) not in live
-        and not (o.get("metadata") or {}).get("deletionTimestamp")
+        and not is_terminating(o)
     ]
 
 

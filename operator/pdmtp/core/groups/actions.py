@@ -20,7 +20,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.core.actions import Action, Apply, Delete
 from pdmtp.core.groups.grouping import Group
 from pdmtp.core.groups.podgroups import next_group_ids
-from pdmtp.core.objects import name_of, pod_ready
+from pdmtp.core.objects import metadata_of, name_of, pod_ready
 
 Manifest = dict[str, object]
 Render = Callable[[str], list[dict[str, object]]]
@@ -37,10 +37,7 @@ def _removal_order(groups: Sequence[Group], released: Collection[str]) -> list[G
     def rank(g: Group) -> tuple[bool, bool, str, str]:
         ready = g.complete and all(pod_ready(p) for p in g.members.values())
         newest = max(
-            (
-                str((p.get("metadata") or {}).get("creationTimestamp") or "")
-                for p in g.members.values()
-            ),
+            (str(metadata_of(p).get("creationTimestamp") or "") for p in g.members.values()),
             default="",
         )
         return (g.leader_name not in released, ready, _inverted(newest), g.group_id)

@@ -14,23 +14,23 @@ group is replaced whole) and synthesises, per (revision, role), the workload the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.core import names
 from pdmtp.core.objects import (
+    Obj,
     annotations_of,
+    created_at,
     format_time,
     is_terminating,
     labels_of,
+    metadata_of,
     name_of,
-    parse_time,
     pod_ready,
 )
-
-Obj = Mapping[str, Any]
 
 
 @dataclass
@@ -120,13 +120,11 @@ class Group:
         leader = self.members.get(0)
         if leader is None:
             leader = next((p for p in self.leaving if _rank(p) == 0), None)
-        meta = dict((leader or {}).get("metadata") or {})
+        meta = dict(metadata_of(leader))
         pods = list(self.members.values())
-        created = [parse_time((p.get("metadata") or {}).get("creationTimestamp")) for p in pods]
+        created = [created_at(p) for p in pods]
         if self.pod_group is not None:
-            created.append(
-                parse_time((self.pod_group.get("metadata") or {}).get("creationTimestamp"))
-            )
+            created.append(created_at(self.pod_group))
         first = min((c for c in created if c is not None), default=None)
         ready = self.complete and not self.broken() and all(pod_ready(p) for p in pods)
         running = self.complete and all(

@@ -22,10 +22,9 @@ from pdmtp.core import names
 from pdmtp.core.actions import Action, Delete, apply_if_drifted
 from pdmtp.core.effective import resolve
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.objects import labels_of, name_of
+from pdmtp.core.objects import Obj, labels_of, metadata_of, name_of
 from pdmtp.core.revision import hash_of
 
-Obj = Mapping[str, Any]
 Manifest = dict[str, Any]
 SPEC_HASH_LENGTH = 6
 
@@ -62,7 +61,7 @@ def recorded(objs: Sequence[Obj], owner: str) -> list[Recorded]:
                     int(o.get("revision") or 0),
                     labels_of(o).get(v.LABEL_REVISION, ""),
                     spec,
-                    (o.get("metadata") or {}).get("creationTimestamp", ""),
+                    metadata_of(o).get("creationTimestamp", ""),
                 )
             )
     return sorted(out, key=lambda r: r.number)

@@ -9,6 +9,7 @@ from pdmtp.api import vocabulary as v
 from pdmtp.core.objects import (
     Obj,
     annotations_of,
+    created_at,
     engine_url,
     is_leaving,
     is_terminating,
@@ -100,11 +101,7 @@ def revision_states(deployments: Iterable[Obj], pods: Iterable[Obj]) -> list[Rev
             revisions.add(key[0])
     states = []
     for rev in revisions:
-        created = [
-            parse_time((by_workload[(rev, r)].get("metadata") or {}).get("creationTimestamp"))
-            for r in v.ROLES
-            if (rev, r) in by_workload
-        ]
+        created = [created_at(by_workload[(rev, r)]) for r in v.ROLES if (rev, r) in by_workload]
         router = by_workload.get((rev, "router"))
         marks = annotations_of(router) if router else {}
         listings = ready_listings(pods_of.get((rev, "router"), []))

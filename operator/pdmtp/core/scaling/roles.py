@@ -34,6 +34,7 @@ from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
 from pdmtp.core.actions import Action, Apply, Delete, Event, SetStatus
 from pdmtp.core.objects import (
+    Obj,
     format_time,
     is_terminating,
     labels_of,
@@ -43,8 +44,6 @@ from pdmtp.core.objects import (
 )
 from pdmtp.core.scaling import autoscaler as a
 from pdmtp.core.windows import PodMetrics
-
-Obj = Mapping[str, Any]
 
 EARLY_SECONDS = 0.5
 """An evaluation this close to its interval counts as due (requeues land a little early)."""

@@ -28,7 +28,7 @@ from pdmtp.api.vocabulary import Role
 from pdmtp.core.actions import Rejection
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.context import Context
-from pdmtp.core.objects import describe
+from pdmtp.core.objects import Obj, describe
 from pdmtp.core.pods import PodIssue, Wait
 from pdmtp.core.rollout.planner import (
     Policy,
@@ -49,8 +49,6 @@ from pdmtp.core.status.conditions import (
 from pdmtp.core.verification.revisions import as_status
 from pdmtp.core.verification.templates import TemplateRoll
 from pdmtp.core.verification.verdict import Outcome, Verdict
-
-Obj = Mapping[str, Any]
 
 
 def as_dict(status: PDDeploymentStatus) -> dict[str, Any]:

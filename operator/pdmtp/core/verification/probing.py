@@ -26,9 +26,7 @@ from typing import Any
 from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import VerificationSpec
-from pdmtp.core.objects import labels_of, name_of, pod_ready, pod_url, serves
-
-Obj = Mapping[str, Any]
+from pdmtp.core.objects import Obj, labels_of, name_of, pod_ready, pod_url, serves
 
 AWAITING = frozenset({reasons.AWAITING_REQUESTS, reasons.AWAITING_DRAFTS})
 """The verdict reasons that more requests resolve."""

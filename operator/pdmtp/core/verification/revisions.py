@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.status import VerificationStatus
 from pdmtp.api.v1alpha1 import VerificationSpec
 from pdmtp.core.objects import (
+    Obj,
     annotations_of,
+    created_at,
     is_leaving,
     is_terminating,
     labels_of,
@@ -62,8 +63,6 @@ from pdmtp.core.verification.verdict import (
     started,
 )
 from pdmtp.core.windows import PodMetrics
-
-Obj = Mapping[str, Any]
 
 
 def rules_of(
@@ -210,7 +209,7 @@ def replacements_of(pods: Iterable[Obj]) -> dict[str, str]:
         revision = labels_of(old).get(v.LABEL_REVISION)
         for p in live:
             labels, notes = labels_of(p), annotations_of(p)
-            created = parse_time((p.get("metadata") or {}).get("creationTimestamp"))
+            created = created_at(p)
             if (
                 labels.get(v.LABEL_REVISION) == revision
                 and labels.get(v.LABEL_ROLE) == "decode"

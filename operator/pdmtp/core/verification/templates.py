@@ -36,6 +36,7 @@ from pdmtp.api.status import TemplateRollPhase, TemplateRollStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.objects import (
+    Obj,
     annotations_of,
     format_time,
     is_leaving,
@@ -61,8 +62,6 @@ from pdmtp.core.verification.verdict import (
     started,
 )
 from pdmtp.core.windows import PodMetrics
-
-Obj = Mapping[str, object]
 
 
 @dataclass(frozen=True)
