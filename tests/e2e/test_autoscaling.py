@@ -52,8 +52,8 @@ EXPECTED_ACCEPTANCE = round(K * ACCEPTANCE_RATE, 3)
 LOW_ACCEPTANCE_RATE = 0.1
 BASE_CLIENTS, BURST_CLIENTS = 2, 10
 STEADY_SECONDS = 45
-PROBES = "pdmtp_verification_probes_total"
 """The window at the peak load in which decisions are counted (none expected)."""
+DECISIONS, PROBES = "pdmtp_autoscaler_decisions_total", "pdmtp_verification_probes_total"
 TUNING = {
     # 0.6 s per prompt, eight at once: one pod serves ~13 prompts/s, more wait.
     "prefill": {"MAX_RUNNING": "8", "PREFILL_SECONDS": "0.6"},
@@ -299,11 +299,9 @@ class Watch:
         return "; ".join(parts) + f"; verdicts {list(sample.verdicts)}"
 
 
-def decisions_counter(
-    kind: Kind, namespace: str, metric: str = "pdmtp_autoscaler_decisions_total"
-) -> float:
-    """A counter of this PDDeployment (every label but its name summed; by default the
-    autoscaler's decisions), from the leading operator's metrics through the API server."""
+def operator_counter(kind: Kind, namespace: str, metric: str) -> float:
+    """A counter of this PDDeployment (summed over its other labels), from the leading
+    operator's metrics through the API server."""
     text = kind.operator_metrics()
     total = 0.0
     for line in text.splitlines():
@@ -485,9 +483,9 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
         }
 
     # Steady load: what the autoscaler does while nothing changes.
-    steady_from, counted = time.time(), decisions_counter(kind, namespace)
+    steady_from, counted = time.time(), operator_counter(kind, namespace, DECISIONS)
     peak_rate = request_rate([base, burst], STEADY_SECONDS)
-    steady_decisions = decisions_counter(kind, namespace) - counted
+    steady_decisions = operator_counter(kind, namespace, DECISIONS) - counted
     steady_seconds = time.time() - steady_from
     steady_seen = watch.decisions(since=steady_from)
     at_peak = watch.latest()
@@ -499,6 +497,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
     base.stop()
     totals = [base.summary(), burst.summary()]
     events = autoscaled_events(kind, namespace)
+    probes = operator_counter(kind, namespace, PROBES)
 
     record(
         "load step: scale up, steady, scale down",
@@ -507,7 +506,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
             "clients": {"base": BASE_CLIENTS, "burst": BURST_CLIENTS},
             "requests_per_second": {"base": base_rate, "peak": peak_rate},
             "before": {"desired": before.desired, "signals": signals_of(before)},
-            "verification_probes": decisions_counter(kind, namespace, PROBES),
+            "verification_probes": probes,
             "peak": {"desired": peak, "signals": signals_of(at_peak)},
             "up": climb,
             "steady_window_seconds": round(steady_seconds, 1),
@@ -529,7 +528,7 @@ def test_1_a_load_step_scales_both_roles_up_then_down_within_the_band(
     )
     for summary in totals:
         check_load(summary, revision)
-    assert results["load step: scale up, steady, scale down"]["verification_probes"] == 0
+    assert probes == 0, f"{probes} verification probes sent: they are load too"
     assert not watch.outside_band(), f"desired (prefill, decode) outside the band {BAND}"
     assert steady_decisions == 0 and not steady_seen, (
         f"{steady_decisions} decisions under steady load: {steady_seen}"
