@@ -32,13 +32,11 @@ from kubernetes.watch.watch import iter_resp_lines
 from pdmtp.api import vocabulary as v
 from pdmtp.api.kinds import Kind
 from pdmtp.backoff import backoff
-from pdmtp.core.objects import resource_version
+from pdmtp.core.objects import Key, Manifest, resource_version
 from pdmtp.kube import ApiError, send
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-Key = tuple[str, str]  # (namespace, name)
 SELECTOR = f"{v.LABEL_MANAGED_BY}={v.MANAGED_BY}"
 WATCH_SECONDS = (240, 360)
 """Server-side watch timeout, randomised so reflectors do not re-list in step."""
@@ -53,7 +51,7 @@ def _owner(obj: Mapping[str, Any]) -> Key | None:
     return (meta.get("namespace", ""), owner) if owner else None
 
 
-def _slim(obj: Obj, kind: str) -> Obj:
+def _slim(obj: Manifest, kind: str) -> Manifest:
     obj["kind"] = kind
     # managedFields are the bulk of an object and nothing here reads them.
     (obj.get("metadata") or {}).pop("managedFields", None)
@@ -67,9 +65,9 @@ class Table:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[Key, Obj] = {}
+        self._objects: dict[Key, Manifest] = {}
 
-    def put(self, kind: str, obj: Obj) -> Key | None:
+    def put(self, kind: str, obj: Manifest) -> Key | None:
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         with self._lock:
@@ -81,7 +79,7 @@ class Table:
             self._objects.pop((namespace, name), None)
         return (namespace, name)
 
-    def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
+    def replace(self, kind: str, namespace: str | None, objs: Iterable[Manifest]) -> set[Key]:
         fresh = {}
         for obj in objs:
             meta = obj.get("metadata") or {}
@@ -94,7 +92,7 @@ class Table:
             self._objects.update(fresh)
         return changed
 
-    def get(self, key: Key) -> Obj | None:
+    def get(self, key: Key) -> Manifest | None:
         with self._lock:
             return self._objects.get(key)
 
@@ -108,9 +106,9 @@ class Table:
 
 
 class Sink(Protocol):
-    def put(self, kind: str, obj: Obj) -> Key | None: ...
+    def put(self, kind: str, obj: Manifest) -> Key | None: ...
     def drop(self, kind: str, namespace: str, name: str) -> Key | None: ...
-    def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]: ...
+    def replace(self, kind: str, namespace: str | None, objs: Iterable[Manifest]) -> set[Key]: ...
 
 
 class ChildStore:
@@ -119,10 +117,10 @@ class ChildStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._objects: dict[str, dict[Key, Obj]] = {}
+        self._objects: dict[str, dict[Key, Manifest]] = {}
         self._owned: dict[Key, set[tuple[str, Key]]] = {}
 
-    def _index(self, kind: str, key: Key, obj: Obj | None) -> Key | None:
+    def _index(self, kind: str, key: Key, obj: Manifest | None) -> Key | None:
         old = self._objects.setdefault(kind, {}).get(key)
         for o in (old, obj):
             owner = _owner(o) if o is not None else None
@@ -137,7 +135,7 @@ class ChildStore:
                 self._owned.setdefault(owner, set()).add((kind, key))
         return owner or (_owner(old) if old is not None else None)
 
-    def put(self, kind: str, obj: Obj) -> Key | None:
+    def put(self, kind: str, obj: Manifest) -> Key | None:
         """Store `obj` as a watch delivered it; returns its owner."""
         meta = obj.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
@@ -149,7 +147,7 @@ class ChildStore:
         with self._lock:
             return self._index(kind, (namespace, name), None)
 
-    def replace(self, kind: str, namespace: str | None, objs: Iterable[Obj]) -> set[Key]:
+    def replace(self, kind: str, namespace: str | None, objs: Iterable[Manifest]) -> set[Key]:
         """A fresh listing of `kind` (in `namespace`, or everywhere): the owners that changed."""
         fresh = {}
         for obj in objs:
@@ -167,9 +165,9 @@ class ChildStore:
                     changed.add(owner)
         return changed
 
-    def children(self, namespace: str, owner: str) -> dict[str, list[Obj]]:
+    def children(self, namespace: str, owner: str) -> dict[str, list[Manifest]]:
         """The owner's children by kind (copies are not made: treat them as read-only)."""
-        out: dict[str, list[Obj]] = {}
+        out: dict[str, list[Manifest]] = {}
         with self._lock:
             for kind, key in self._owned.get((namespace, owner), ()):
                 obj = self._objects.get(kind, {}).get(key)

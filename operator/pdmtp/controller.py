@@ -28,7 +28,7 @@ from pdmtp.backoff import backoff
 from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Event
 from pdmtp.core.context import Observed
-from pdmtp.core.objects import cordoned_nodes, is_terminating, resource_version
+from pdmtp.core.objects import Key, cordoned_nodes, is_terminating, resource_version
 from pdmtp.core.reconcile import decide
 from pdmtp.election import Elector
 from pdmtp.executor import Executor
@@ -38,7 +38,7 @@ from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
 from pdmtp.probe import HttpTarget, Prober, ProbeTarget
 from pdmtp.scrape import HttpSource, MetricsSource, Scraper
-from pdmtp.workqueue import Key, WorkQueue
+from pdmtp.workqueue import WorkQueue
 
 log = logging.getLogger("pdmtp")
 

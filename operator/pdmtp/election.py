@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from pdmtp.core.leadership import Sighting, Timing, Wait, next_move, record_of, release, sight
+from pdmtp.core.leadership import Follow, Sighting, Timing, next_move, record_of, release, sight
 from pdmtp.kube import ApiError, Kube
 
 log = logging.getLogger("pdmtp.election")
@@ -149,7 +149,7 @@ class Elector:
                 time.monotonic(),
                 datetime.now(UTC),
             )
-            if isinstance(move, Wait):
+            if isinstance(move, Follow):
                 self.last_error = ""
                 return
             written = await asyncio.to_thread(self.kube.write_lease, move.body, move.create)

@@ -13,11 +13,10 @@ from typing import Any
 
 from pdmtp.api.kinds import POD
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Rejection, Scale, SetStatus
-from pdmtp.core.objects import resource_version
+from pdmtp.core.objects import Key, resource_version
 from pdmtp.expectations import Expectations, after_delete, after_write
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
-from pdmtp.workqueue import Key
 
 log = logging.getLogger("pdmtp")
 

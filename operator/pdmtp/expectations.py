@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pdmtp.core.objects import Key
+
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str]  # (namespace, name)
 TTL_SECONDS = 30.0
 
 Held = Callable[[str, str, str], str | None]

@@ -176,7 +176,7 @@ LOST_LEASE_EXIT = 3
 """The exit status of a leader that lost its Lease (Kubernetes starts it again as a standby)."""
 
 
-def run(
+def run_operator(
     kube: Kube,
     options: Options,
     metrics: Metrics,

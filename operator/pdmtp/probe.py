@@ -31,13 +31,12 @@ from typing import Any, Protocol
 from pdmtp.api.kinds import POD
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.objects import is_terminating
+from pdmtp.core.objects import Key, is_terminating
 from pdmtp.core.verification.probing import Probe, due
 from pdmtp.metrics import Metrics
 
 log = logging.getLogger("pdmtp.probe")
 
-Key = tuple[str, str]
 
 TIMEOUT_SECONDS = 30.0
 """One probe's bound: a completion of 16 tokens on a loaded engine, with its prefill."""

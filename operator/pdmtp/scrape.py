@@ -36,13 +36,12 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.autoscaling import AutoscalingSpec
 from pdmtp.api.kinds import POD
 from pdmtp.cache import ChildStore, Table
-from pdmtp.core.objects import Obj, is_terminating, labels_of, metadata_of, name_of, pod_url
+from pdmtp.core.objects import Key, Obj, is_terminating, labels_of, metadata_of, name_of, pod_url
 from pdmtp.core.promtext import Scrape, parse_scrape
 from pdmtp.core.windows import PodMetrics
 
 log = logging.getLogger("pdmtp.scrape")
 
-Key = tuple[str, str]
 
 TIMEOUT_SECONDS = 2.0
 """One scrape's bound: a pod that does not answer in time counts as silent this round."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-Key = tuple[str, str]  # (namespace, name)
+from pdmtp.core.objects import Key
 
 
 class WorkQueue:

@@ -30,7 +30,7 @@ from pdmtp.api.autoscaling import (
     RatioBand,
     RoleAutoscaling,
     ScalingRules,
-    Target,
+    SignalTarget,
 )
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.promtext import parse_scrape, samples
@@ -75,7 +75,7 @@ def role_policy(
     return RoleAutoscaling(
         min_replicas=min_replicas,
         max_replicas=max_replicas,
-        targets=[Target(signal=signal, value=value) for signal, value in targets.items()],
+        targets=[SignalTarget(signal=signal, value=value) for signal, value in targets.items()],
         behavior=Behavior(scale_up=up, scale_down=down),
         tolerance=tolerance,
         expected_acceptance_length=expected_acceptance_length,
@@ -797,7 +797,7 @@ def role_policies(draw: st.DrawFn, role: EngineRole) -> RoleAutoscaling:
         min_replicas=low,
         max_replicas=high,
         # None chosen: the role's defaults.
-        targets=[Target(signal=s, value=targets[s]) for s in chosen] or None,
+        targets=[SignalTarget(signal=s, value=targets[s]) for s in chosen] or None,
         behavior=Behavior(scale_up=up, scale_down=down),
         tolerance=draw(st.sampled_from([0.0, 0.1, 0.3])),
         expected_acceptance_length=expected,

@@ -17,7 +17,7 @@ from pdmtp.api.autoscaling import (
     RatioBand,
     RoleAutoscaling,
     ScalingRules,
-    Target,
+    SignalTarget,
     defaults_markdown,
 )
 from pdmtp.api.crd import openapi_schema
@@ -29,7 +29,7 @@ MODELS: tuple[type[BaseModel], ...] = (
     RoleAutoscaling,
     Behavior,
     ScalingRules,
-    Target,
+    SignalTarget,
     RatioBand,
 )
 

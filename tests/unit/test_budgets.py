@@ -162,7 +162,7 @@ def test_a_multi_node_budget_lets_a_drain_break_at_most_its_allowance_of_groups(
     nodes: int, allowed: int
 ) -> None:
     for groups in range(6):
-        budget = budgets.disruption_budget(
+        budget = budgets.disruption_budget_manifest(
             pdd("x").build(), "r", "decode", allowed, nodes=nodes, groups=groups
         )
         assert "maxUnavailable" not in budget["spec"]
@@ -324,7 +324,7 @@ def test_changing_the_budget_rolls_nothing() -> None:
 def test_a_budget_whose_revision_is_gone_is_deleted() -> None:
     cluster = cluster_of(pdd("x"))
     settle(cluster, NOW)
-    stale = budgets.disruption_budget(pdd("x").build(), "deadbeef", "decode", 1)
+    stale = budgets.disruption_budget_manifest(pdd("x").build(), "deadbeef", "decode", 1)
     stale["metadata"]["namespace"] = "ns"
     cluster.objects[f"{PDB}/{stale['metadata']['name']}"] = stale
     other = copy.deepcopy(stale)

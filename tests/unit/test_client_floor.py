@@ -36,7 +36,7 @@ from pdmtp.core.rollout.invariants import InvariantMonitor, Moment
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
 from pdmtp.core.rollout.removal import gate
 from pdmtp.core.rollout.states import revision_states
-from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, simulate_rollout
 
 MAX_TICKS = 3000
 DIP_POLICY = Policy(max_surge=1, max_unavailable=0, drain_seconds=2)
@@ -164,8 +164,8 @@ def _dip(sim: SimCluster, monitor: InvariantMonitor) -> Trace:
     """The roll that dipped: C arrives at tick 4 of A -> B, when B serves next to A."""
     _, b, c = revisions(prefill=1)
     rng = random.Random(0)
-    run(sim, monitor, b, rng, max_ticks=4)
-    return run(sim, monitor, c, rng, max_ticks=MAX_TICKS)
+    simulate_rollout(sim, monitor, b, rng, max_ticks=4)
+    return simulate_rollout(sim, monitor, c, rng, max_ticks=MAX_TICKS)
 
 
 def test_the_dip_of_a_superseded_roll() -> None:
@@ -202,7 +202,7 @@ def test_a_planner_counting_every_ready_router_pod_is_caught(
 
 def _roll_length(a: Target, b: Target, policy: Policy, seed: int, lag: bool) -> int:
     """Ticks the A -> B roll takes alone (its planner steps, one or two per tick)."""
-    trace = run(
+    trace = simulate_rollout(
         SimCluster.serving("aaaa", a, controller_lag=lag),
         InvariantMonitor(policy),
         b,
@@ -226,10 +226,10 @@ def _supersede(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    run(sim, monitor, b, rng, max_ticks=b_ticks)
+    simulate_rollout(sim, monitor, b, rng, max_ticks=b_ticks)
     where = f"{policy}, seed {seed}, lag {lag}, C at tick {b_ticks}, outages {outages}"
     try:
-        trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=outages)
+        trace = simulate_rollout(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=outages)
     except InvariantViolation as e:
         raise InvariantViolation(f"{e} [{where}]") from e
     assert trace.complete, where
@@ -310,7 +310,7 @@ def test_a_failing_roll_never_removes_a_pod_of_the_serving_revision(surge: int) 
                     assert not [p for p in w.pods if p.leaving or p.terminating_for is not None]
                 sim.advance(rng)
             monitor = InvariantMonitor(policy)
-            assert run(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
+            assert simulate_rollout(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
             assert {s.revision for s in sim.observe()} == {"aaaa"}
 
 

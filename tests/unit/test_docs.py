@@ -10,7 +10,7 @@ import pytest
 from pdmtp.api import reasons
 from pdmtp.api.crd import PRINTER_COLUMNS, openapi_schema
 from pdmtp.api.rules import CEL_KEY
-from pdmtp.tools.reference import field_reference, type_name
+from pdmtp.tools.reference import documented_type, field_reference
 
 COMMITTED = Path(__file__).resolve().parents[2] / "docs" / "api-reference.md"
 
@@ -134,4 +134,4 @@ def test_reasons_documented_under_their_condition_type(reference: str) -> None:
     ],
 )
 def test_type_names(node: dict[str, Any], expected: str) -> None:
-    assert type_name(node) == expected
+    assert documented_type(node) == expected

@@ -22,7 +22,7 @@ import yaml
 from pdmtp.api.crd import openapi_schema
 from pdmtp.api.v1alpha1 import PDDeployment, PDDeploymentSpec
 from pdmtp.core.agreement import check
-from pdmtp.core.effective import FIELD_GROUPS, Group
+from pdmtp.core.effective import FIELD_GROUPS, FieldGroup
 from pdmtp.core.render.children import engine_pod_template, router_deployment
 from pdmtp.core.revision import hash_of, revision_of
 from pydantic import BaseModel, ValidationError
@@ -274,7 +274,7 @@ def _candidates(path: Path_, value: Any) -> list[Any]:
     return [*out, f"{value}x", f"{value}-x"]
 
 
-def _classify(path: Path_) -> tuple[str, Group]:
+def _classify(path: Path_) -> tuple[str, FieldGroup]:
     wire = ".".join(p for p in path if isinstance(p, str))
     generic = _generic(wire)
     for key in sorted(FIELD_GROUPS, key=len, reverse=True):

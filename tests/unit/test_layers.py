@@ -4,12 +4,14 @@ layers, and every module of the package has its place in them."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -109,3 +111,23 @@ def test_every_module_has_a_layer() -> None:
     placed = set().union(*contract_layers())
     assert modules - placed == set(), "modules in no layer of the contract (pyproject.toml)"
     assert placed - modules == set(), "layers naming no module"
+
+
+def _code_shape() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("code_shape", REPO / "hack" / "code-shape.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_public_name_has_one_home(tmp_path: Path) -> None:
+    """A name defined in two modules sends a reader who greps it to the wrong one (issue 51)."""
+    two_homes = _code_shape().two_homes
+    assert two_homes(REPO / "operator" / "pdmtp") == {}
+    # The check sees a second home: a copy with `Verdict` defined once more, outside verification.
+    copy = tmp_path / "pdmtp"
+    shutil.copytree(REPO / "operator" / "pdmtp", copy)
+    with (copy / "core" / "validation.py").open("a") as f:
+        f.write("\n\nclass Verdict:\n    pass\n")
+    assert two_homes(copy) == {"Verdict": ["core/validation.py", "core/verification/verdict.py"]}

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from pdmtp.core.leadership import (
+    Follow,
     LeaseRecord,
     Sighting,
     Timing,
-    Wait,
     Write,
     next_move,
     record_of,
@@ -44,7 +44,7 @@ def seen(body: dict[str, Any], since: float) -> Sighting:
     return Sighting(record_of(body, TIMING.lease_seconds), since)
 
 
-def move(sighting: Sighting | None, me: str = "me", now: float = 100.0) -> Write | Wait:
+def move(sighting: Sighting | None, me: str = "me", now: float = 100.0) -> Write | Follow:
     return next_move(sighting, me, "ops", "pdmtp-operator", TIMING, now, WALL)
 
 
@@ -76,7 +76,7 @@ def test_another_holder_is_waited_for_until_its_record_is_a_lease_old(
 ) -> None:
     m = move(seen(lease("other", transitions=2), since), now=100.0)
     if waits:
-        assert m == Wait("other", pytest.approx(since + 15 - 100.0))
+        assert m == Follow("other", pytest.approx(since + 15 - 100.0))
     else:
         assert isinstance(m, Write) and m.taking and not m.create
         assert m.body["metadata"]["resourceVersion"] == "7"  # conditional: one taker wins

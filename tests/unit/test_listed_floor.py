@@ -46,7 +46,7 @@ from pdmtp.core.rollout.planner import (
     steady_listing,
 )
 from pdmtp.core.rollout.states import revision_states
-from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, simulate_rollout
 from rollout_strategies import policies, targets
 
 MAX_TICKS = 3000
@@ -226,21 +226,23 @@ def _shape(
     kills = {at: down}
     c = replace(b, revision="cccc")
     if shape == "paired":
-        return run(sim, monitor, b, rng, max_ticks=MAX_TICKS, outages=kills).complete
+        return simulate_rollout(sim, monitor, b, rng, max_ticks=MAX_TICKS, outages=kills).complete
     if shape == "superseded":
-        run(sim, monitor, b, rng, max_ticks=3)
-        return run(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=kills).complete
+        simulate_rollout(sim, monitor, b, rng, max_ticks=3)
+        return simulate_rollout(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=kills).complete
     if shape == "canary":
         canary = replace(policy, canary_percent=50)
-        held = run(sim, monitor, b, rng, policy=canary, max_ticks=60, outages=kills)
+        held = simulate_rollout(sim, monitor, b, rng, policy=canary, max_ticks=60, outages=kills)
         assert not held.complete or min(a.prefill, a.decode, b.prefill, b.decode) < 2
-        return run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete  # promoted
+        return simulate_rollout(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete  # promoted
     if shape == "rollback":
-        run(sim, monitor, b, rng, max_ticks=9)
-        return run(sim, monitor, a, rng, max_ticks=MAX_TICKS, outages=kills).complete
+        simulate_rollout(sim, monitor, b, rng, max_ticks=9)
+        return simulate_rollout(sim, monitor, a, rng, max_ticks=MAX_TICKS, outages=kills).complete
     assert shape == "scaling"
     more = replace(b, decode=b.decode + 1)
-    grown = run(sim, monitor, b, rng, max_ticks=MAX_TICKS, rescale={3: more}, outages=kills)
+    grown = simulate_rollout(
+        sim, monitor, b, rng, max_ticks=MAX_TICKS, rescale={3: more}, outages=kills
+    )
     return grown.complete
 
 

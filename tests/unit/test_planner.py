@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from pdmtp.core.rollout import planner
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
-from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, simulate_rollout
 from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
@@ -38,7 +38,7 @@ def test_every_rollout_completes_holding_the_invariants(
     start: Target, target: Target, policy: Policy, seed: int, ready_chance: float, lag: bool
 ) -> None:
     sim = SimCluster.serving("aaaa", start, controller_lag=lag)
-    trace = run(
+    trace = simulate_rollout(
         sim,
         InvariantMonitor(policy),
         target,
@@ -77,8 +77,8 @@ def test_superseded_rollouts_complete_to_the_last_target(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    run(sim, monitor, b, rng, max_ticks=b_ticks)
-    trace = run(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=dict([down]))
+    simulate_rollout(sim, monitor, b, rng, max_ticks=b_ticks)
+    trace = simulate_rollout(sim, monitor, c, rng, max_ticks=MAX_TICKS, outages=dict([down]))
     assert trace.complete
     assert_only(sim, "cccc")
     assert not [s for _, _, s in trace.steps if s.blocked]
@@ -101,7 +101,7 @@ def test_a_drain_counts_from_when_the_router_stopped_serving_not_from_the_last_l
     down: the old revision's pods still stay drainSeconds after that (invariant 4, checked with
     no tolerance), the drain's end read back from what the operator recorded (issue 52)."""
     sim = SimCluster.serving("aaaa", a, router_delay=delay)
-    trace = run(
+    trace = simulate_rollout(
         sim,
         InvariantMonitor(policy),
         b,
@@ -119,7 +119,9 @@ def test_a_router_that_outlives_its_scale_down_delays_the_drain_by_as_much() -> 
     policy = Policy(max_surge=1, max_unavailable=0, drain_seconds=4)
     a, b = Target("aaaa", 1, 1, 1), Target("bbbb", 1, 1, 1)
     sim = SimCluster.serving("aaaa", a, router_delay=5)
-    trace = run(sim, InvariantMonitor(policy), b, random.Random(1), max_ticks=200, ready_chance=1)
+    trace = simulate_rollout(
+        sim, InvariantMonitor(policy), b, random.Random(1), max_ticks=200, ready_chance=1
+    )
     assert trace.complete
     unrouted = next(t for t, _, s in trace.steps if (p := s.for_revision("aaaa")) and p.router == 0)
     stopped = next(
@@ -147,8 +149,8 @@ def test_rolling_back_mid_way_returns_to_the_old_revision(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    run(sim, monitor, b, rng, max_ticks=back_after)
-    assert run(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
+    simulate_rollout(sim, monitor, b, rng, max_ticks=back_after)
+    assert simulate_rollout(sim, monitor, a, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "aaaa")
 
 
@@ -167,7 +169,7 @@ def test_planning_is_idempotent_on_an_unchanged_observation(
     for nothing new, so an operator restarted right after a write does not flip-flop."""
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a)
-    run(sim, InvariantMonitor(policy), b, rng, max_ticks=ticks)
+    simulate_rollout(sim, InvariantMonitor(policy), b, rng, max_ticks=ticks)
     first = plan(sim.observe(), b, policy, sim.now)
     sim.apply(first)
     second = plan(sim.observe(), b, policy, sim.now)
@@ -264,7 +266,7 @@ def test_a_broken_planner_is_caught_by_the_monitor(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(planner, "_step_old", hasty)
     start, policy = Target("aaaa", 2, 2, 1), Policy(1, 0, 5)
     with pytest.raises(InvariantViolation, match="invariant 4"):
-        run(
+        simulate_rollout(
             SimCluster.serving("aaaa", start),
             InvariantMonitor(policy),
             Target("bbbb", 2, 2, 1),
@@ -288,7 +290,7 @@ def test_a_planner_that_ignores_surge_is_caught(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr("pdmtp.tools.simulate.plan", greedy)
     start, policy = Target("aaaa", 3, 3, 1), Policy(1, 0, 0)
     with pytest.raises(InvariantViolation, match="invariant 3"):
-        run(
+        simulate_rollout(
             SimCluster.serving("aaaa", start),
             InvariantMonitor(policy),
             Target("bbbb", 3, 3, 1),
@@ -300,7 +302,7 @@ def test_trace_of_a_simple_roll() -> None:
     start, policy = Target("aaaa", 1, 1, 1), Policy(1, 0, 2)
     trace = Trace()
     sim = SimCluster.serving("aaaa", start)
-    run(
+    simulate_rollout(
         sim,
         InvariantMonitor(policy),
         Target("bbbb", 1, 1, 1),
@@ -351,10 +353,10 @@ def test_pause_at_any_step_freezes_then_resume_completes(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    if run(sim, monitor, b, rng, max_ticks=pause_at).complete:
+    if simulate_rollout(sim, monitor, b, rng, max_ticks=pause_at).complete:
         return
     frozen = replace(policy, paused=True)
-    trace = run(sim, monitor, b, rng, policy=frozen, max_ticks=paused_for)
+    trace = simulate_rollout(sim, monitor, b, rng, policy=frozen, max_ticks=paused_for)
     for _, observed, step in trace.steps:
         assert step.outcome == "Paused"
         before = {s.revision: planner.unchanged(s) for s in observed}
@@ -365,7 +367,7 @@ def test_pause_at_any_step_freezes_then_resume_completes(
             recorded = was.traffic_stopped is None and p.traffic_stopped is not None
             marks = {"drain_until": was.drain_until, "traffic_stopped": was.traffic_stopped}
             assert p == was or p.delete or (recorded and replace(p, **marks) == was), (p, was)
-    assert run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
+    assert simulate_rollout(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "bbbb")
 
 
@@ -385,7 +387,9 @@ def test_a_canary_holds_at_its_share_then_promotion_completes(
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     canary = replace(policy, canary_percent=percent)
-    held = run(sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held")
+    held = simulate_rollout(
+        sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held"
+    )
     share = planner.canary_replicas(b, percent)
     keep = {
         r: min(max(1, b.replicas(r) - share[r]), b.replicas(r) + policy.max_surge - share[r])
@@ -402,10 +406,10 @@ def test_a_canary_holds_at_its_share_then_promotion_completes(
         assert states["aaaa"].role(r).pods <= a.replicas(r)  # type: ignore[arg-type]
     assert states["aaaa"].serving and states["bbbb"].serving
     # Held means held: more ticks change nothing.
-    again = run(sim, monitor, b, rng, policy=canary, max_ticks=5)
+    again = simulate_rollout(sim, monitor, b, rng, policy=canary, max_ticks=5)
     assert all(step.outcome == "Held" for _, _, step in again.steps)
     # Promotion: the canary leaves the policy and the rollout completes.
-    assert run(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
+    assert simulate_rollout(sim, monitor, b, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "bbbb")
 
 
@@ -442,9 +446,9 @@ def test_rollback_of_a_failing_revision_from_any_state_keeps_the_old_floor(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, failing={"bbbb"}, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    run(sim, monitor, b, rng, max_ticks=fail_after)
+    simulate_rollout(sim, monitor, b, rng, max_ticks=fail_after)
     rollback = replace(a, prefill=b.prefill, decode=b.decode, router=b.router)
-    trace = run(sim, monitor, rollback, rng, max_ticks=MAX_TICKS)
+    trace = simulate_rollout(sim, monitor, rollback, rng, max_ticks=MAX_TICKS)
     assert trace.complete
     assert_only(sim, "aaaa")
 
@@ -466,11 +470,11 @@ def test_scaling_mid_roll_is_honoured_without_restarting_it(
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
-    if run(sim, monitor, b, rng, max_ticks=at).complete:
+    if simulate_rollout(sim, monitor, b, rng, max_ticks=at).complete:
         return
     created = {s.revision: s.created for s in sim.observe()}
     scaled = replace(b, prefill=prefill, decode=decode)
-    assert run(sim, monitor, scaled, rng, max_ticks=MAX_TICKS).complete
+    assert simulate_rollout(sim, monitor, scaled, rng, max_ticks=MAX_TICKS).complete
     assert_only(sim, "bbbb")
     final = sim.observe()[0]
     assert (final.prefill.replicas, final.decode.replicas) == (prefill, decode)
@@ -489,11 +493,13 @@ def test_a_full_cluster_rolls_pair_by_pair_with_max_surge_zero(
     b = replace(a, revision="bbbb")
     rng = random.Random(seed)
     sim = SimCluster.serving("aaaa", a, capacity=capacity)
-    assert run(sim, InvariantMonitor(Policy(0, 1, drain)), b, rng, max_ticks=MAX_TICKS).complete
+    assert simulate_rollout(
+        sim, InvariantMonitor(Policy(0, 1, drain)), b, rng, max_ticks=MAX_TICKS
+    ).complete
     assert_only(sim, "bbbb")
 
     sim = SimCluster.serving("aaaa", a, capacity=capacity)
-    stuck = run(sim, InvariantMonitor(Policy(1, 0, drain)), b, rng, max_ticks=200)
+    stuck = simulate_rollout(sim, InvariantMonitor(Policy(1, 0, drain)), b, rng, max_ticks=200)
     assert not stuck.complete
     states = {s.revision: s for s in sim.observe()}
     assert states["aaaa"].serving

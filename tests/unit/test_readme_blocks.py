@@ -104,9 +104,9 @@ def test_check_fails_on_drift_and_generate_repairs_it(
     assert drifted != text
     path = tmp_path / "README.md"
     path.write_text(drifted, encoding="utf-8")
-    assert readme.main(["--check", str(path)]) == 1
+    assert readme.update_readme(["--check", str(path)]) == 1
     assert "do something else" in capsys.readouterr().out
     assert path.read_text(encoding="utf-8") == drifted
-    assert readme.main([str(path)]) == 0
+    assert readme.update_readme([str(path)]) == 0
     assert path.read_text(encoding="utf-8") == text
-    assert readme.main(["--check", str(path)]) == 0
+    assert readme.update_readme(["--check", str(path)]) == 0

@@ -21,7 +21,7 @@ from pdmtp.core.render.membership import router_urls
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
 from pdmtp.core.rollout.removal import EnginePod, RouterPod, gate
-from pdmtp.tools.simulate import InvariantViolation, SimCluster, run
+from pdmtp.tools.simulate import InvariantViolation, SimCluster, simulate_rollout
 from rollout_strategies import policies, replicas, targets
 
 MAX_TICKS = 3000
@@ -126,7 +126,7 @@ def test_scaling_while_serving_never_terminates_a_listed_pod(
     monitor = InvariantMonitor(policy)
     for prefill, decode in sizes:
         target = replace(start, prefill=prefill, decode=decode)
-        assert run(sim, monitor, target, rng, max_ticks=MAX_TICKS).complete
+        assert simulate_rollout(sim, monitor, target, rng, max_ticks=MAX_TICKS).complete
         (final,) = sim.observe()
         assert (final.prefill.pods, final.decode.pods) == (prefill, decode)
 
@@ -147,11 +147,13 @@ def test_scaling_during_a_canary_hold_keeps_every_invariant(
     sim = SimCluster.serving("aaaa", a)
     monitor = InvariantMonitor(Policy(1, 0, 2))
     canary = replace(monitor.policy, canary_percent=percent)
-    held = run(sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held")
+    held = simulate_rollout(
+        sim, monitor, b, rng, policy=canary, until=lambda s: s.outcome == "Held"
+    )
     assert held.steps[-1][2].outcome == "Held"
     scaled = replace(b, prefill=prefill, decode=decode)
-    run(sim, monitor, scaled, rng, policy=canary, until=lambda s: s.outcome == "Held")
-    assert run(sim, monitor, scaled, rng, max_ticks=MAX_TICKS).complete, "promoted"
+    simulate_rollout(sim, monitor, scaled, rng, policy=canary, until=lambda s: s.outcome == "Held")
+    assert simulate_rollout(sim, monitor, scaled, rng, max_ticks=MAX_TICKS).complete, "promoted"
 
 
 def test_without_the_gate_a_scale_down_terminates_a_listed_pod(
@@ -166,7 +168,9 @@ def test_without_the_gate_a_scale_down_terminates_a_listed_pod(
     )
     sim = SimCluster.serving("aaaa", Target("aaaa", 2, 3, 1))
     with pytest.raises(InvariantViolation, match="invariant 8"):
-        run(sim, InvariantMonitor(Policy(1, 0, 0)), Target("aaaa", 1, 1, 1), random.Random(0))
+        simulate_rollout(
+            sim, InvariantMonitor(Policy(1, 0, 0)), Target("aaaa", 1, 1, 1), random.Random(0)
+        )
 
 
 # ---- through the reconcile: marks, the router's roll, release, scale -------------------------

@@ -12,17 +12,17 @@ from pdmtp.core.context import Context
 from pdmtp.core.objects import format_time
 from pdmtp.core.pods import PodIssue
 from pdmtp.core.rollout.planner import RevisionState, RoleState, Step
-from pdmtp.core.rollout.steering import Health, Steering, steer, target_and_policy, track
+from pdmtp.core.rollout.steering import PodHealth, Steering, steer, target_and_policy, track
 
 NOW = 1_800_000_000.0
-HEALTHY = Health()
+HEALTHY = PodHealth()
 OLD = RevisionState("old", RoleState(2, 2, 2), RoleState(2, 2, 2), RoleState(1, 1, 1), created=1)
 
 
 def steering(
     b: PDDBuilder,
     states: list[RevisionState],
-    health: Health = HEALTHY,
+    health: PodHealth = HEALTHY,
     old: RolloutStatus | None = None,
     now: float = NOW,
     promoted: str | None = None,
@@ -49,8 +49,8 @@ def new_state(b: PDDBuilder, ready: int = 0) -> RevisionState:
     return RevisionState(rev, RoleState(1, 1, ready), RoleState(1, 1, ready), created=5)
 
 
-def refused(revision: str) -> Health:
-    return Health(failures=[PodIssue("p-0", revision, "prefill", "lookahead mismatch", 3)])
+def refused(revision: str) -> PodHealth:
+    return PodHealth(failures=[PodIssue("p-0", revision, "prefill", "lookahead mismatch", 3)])
 
 
 def record(revision: str, phase: Any, since: float, **extra: Any) -> RolloutStatus:
@@ -110,7 +110,7 @@ def test_rolled_back_stays_until_the_spec_changes() -> None:
 def test_the_deadline_counts_from_the_last_progress() -> None:
     b = pdd("x").mtp(2, modules=3).rollout(progressDeadlineSeconds=60)
     new = new_state(b)
-    waiting = Health(
+    waiting = PodHealth(
         waiting=[PodIssue("p-0", new.revision, "decode", "0/4 nodes: Insufficient nvidia.com/gpu")]
     )
     ok = steering(b, [OLD, new], waiting, record(new.revision, "Progressing", NOW - 59))

@@ -21,7 +21,7 @@ from pdmtp.core.rollout import planner
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, Target
 from pdmtp.core.validation import validate
-from pdmtp.tools.simulate import SimCluster, run
+from pdmtp.tools.simulate import SimCluster, simulate_rollout
 
 Doc = dict[str, Any]
 
@@ -393,7 +393,7 @@ def planner_holds(prefill: int, decode: int, percent: int, surge: int) -> bool:
     policy = Policy(max_surge=surge, max_unavailable=1, drain_seconds=0)
     sim = SimCluster.serving("aaaa", old)
     canary = Policy(surge, 1, 0, canary_percent=percent)
-    trace = run(
+    trace = simulate_rollout(
         sim, InvariantMonitor(policy), new, random.Random(7), policy=canary, max_ticks=400,
         until=lambda step: step.outcome == "Held",
     )  # fmt: skip

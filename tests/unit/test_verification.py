@@ -24,7 +24,7 @@ from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.rollout.invariants import InvariantMonitor
 from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
-from pdmtp.core.rollout.steering import Health, steer, target_and_policy
+from pdmtp.core.rollout.steering import PodHealth, steer, target_and_policy
 from pdmtp.core.status.events import condition_events
 from pdmtp.core.verification.revisions import (
     expected_backoff,
@@ -34,7 +34,7 @@ from pdmtp.core.verification.revisions import (
 )
 from pdmtp.core.verification.verdict import Finding, Handoff, Outcome, Verdict
 from pdmtp.core.windows import PodMetrics
-from pdmtp.tools.simulate import SimCluster, run
+from pdmtp.tools.simulate import SimCluster, simulate_rollout
 from rollout_strategies import policies, targets
 
 from tests.support.fake_cluster import FakeCluster
@@ -266,7 +266,7 @@ def _steer(
     spec = built.spec
     agreement = check(spec)
     target, policy = target_and_policy(agreement)
-    health = Health(
+    health = PodHealth(
         verification=rollout_gate(
             spec.effective_verification, None if judged is None else verdict(judged)
         )
@@ -341,13 +341,13 @@ def test_awaiting_a_verdict_keeps_the_old_revision_routed_then_completes(
     sim = SimCluster.serving("aaaa", a, controller_lag=lag)
     monitor = InvariantMonitor(policy)
     verifying = replace(policy, verifying=True)
-    trace = run(sim, monitor, b, rng, policy=verifying, max_ticks=verified_at)
+    trace = simulate_rollout(sim, monitor, b, rng, policy=verifying, max_ticks=verified_at)
     assert not trace.complete
     for _, _, step in trace.steps:
         old = next(p for p in step.revisions if p.revision == "aaaa")
         assert old.router > 0 and not old.delete and old.drain_until is None, step
     assert any(s.revision == "aaaa" and s.serving for s in sim.observe()) or verified_at < 3
-    assert run(sim, monitor, b, rng, max_ticks=3000).complete
+    assert simulate_rollout(sim, monitor, b, rng, max_ticks=3000).complete
     assert {s.revision for s in sim.observe()} == {"bbbb"}
 
 
@@ -355,7 +355,7 @@ def test_a_settled_roll_awaiting_its_verdict_says_so() -> None:
     sim = SimCluster.serving("aaaa", Target("aaaa", 2, 2, 1))
     rng = random.Random(1)
     monitor = InvariantMonitor(Policy(1, 0, 0))
-    trace = run(
+    trace = simulate_rollout(
         sim,
         monitor,
         Target("bbbb", 2, 2, 1),

@@ -99,7 +99,7 @@ def _wire(value: object) -> Any:
 def _shown(value: object) -> str:
     if isinstance(value, tuple):
         return ", ".join(_shown(item) for item in value)
-    if isinstance(value, Target):
+    if isinstance(value, SignalTarget):
         return f"{value.signal} {value.value:g}"
     if isinstance(value, Model):
         return "{" + ", ".join(f"{k}: {v:g}" for k, v in _wire(value).items()) + "}"
@@ -115,7 +115,7 @@ FRACTION_RULE = Rule(
 )
 
 
-class Target(Model):
+class SignalTarget(Model):
     """One signal and the value per pod (or per request) the role should run at."""
 
     RULES = (FRACTION_RULE,)
@@ -248,7 +248,10 @@ TOLERANCE = Default(
 )
 PREFILL_TARGETS = Default(
     "<role>.targets",
-    (Target(signal=Signal.WAITING_PER_POD, value=4.0), Target(signal=Signal.QUEUE_TIME, value=0.5)),
+    (
+        SignalTarget(signal=Signal.WAITING_PER_POD, value=4.0),
+        SignalTarget(signal=Signal.QUEUE_TIME, value=0.5),
+    ),
     "A prefill runs each prompt once and hands it on: arrivals beyond it first grow its queue; "
     "queue time is the part of TTFT that more pods remove.",
     case="prefill",
@@ -256,9 +259,9 @@ PREFILL_TARGETS = Default(
 DECODE_TARGETS = Default(
     "<role>.targets",
     (
-        Target(signal=Signal.KV_CACHE_USAGE, value=0.8),
-        Target(signal=Signal.RUNNING_PER_POD, value=32.0),
-        Target(signal=Signal.INTER_TOKEN_LATENCY, value=0.05),
+        SignalTarget(signal=Signal.KV_CACHE_USAGE, value=0.8),
+        SignalTarget(signal=Signal.RUNNING_PER_POD, value=32.0),
+        SignalTarget(signal=Signal.INTER_TOKEN_LATENCY, value=0.05),
     ),
     "A decode holds every running request's KV (a full cache preempts and recomputes), its batch "
     "sets its token rate, and ITL is what a user feels (keep it above an idle engine's ITL).",
@@ -266,7 +269,7 @@ DECODE_TARGETS = Default(
 )
 MTP_DECODE_TARGETS = Default(
     "<role>.targets",
-    (Target(signal=Signal.DECODE_TOKENS_PER_POD, value=2000.0),),
+    (SignalTarget(signal=Signal.DECODE_TOKENS_PER_POD, value=2000.0),),
     "Tokens per second one decode pod sustains at expectedAcceptanceLength: a placeholder, to "
     "replace with a benchmark's figure.",
     case="decode with expectedAcceptanceLength, in addition",
@@ -276,7 +279,7 @@ TARGET_DEFAULTS = (PREFILL_TARGETS, DECODE_TARGETS, MTP_DECODE_TARGETS)
 
 def default_targets(
     role: EngineRole, expected_acceptance_length: float | None
-) -> tuple[Target, ...]:
+) -> tuple[SignalTarget, ...]:
     """A role's targets when its spec names none (a decode told its MTP acceptance also sizes on
     the tokens it emits)."""
     if role == "prefill":
@@ -295,7 +298,7 @@ class RoleAutoscaling(Model):
     source: Source = Field(default=SOURCE.value, description=SOURCE.description)
     min_replicas: int = Field(ge=1, le=1000, description="Never fewer pods than this.")
     max_replicas: int = Field(ge=1, le=1000, description="Never more pods than this.")
-    targets: Annotated[list[Target], ListMap("signal")] | None = Field(
+    targets: Annotated[list[SignalTarget], ListMap("signal")] | None = Field(
         default=None,
         max_length=7,
         description=" ".join(

@@ -109,7 +109,7 @@ def _ref_name(node: JsonSchema) -> str:
 
 # ---- the validator ------------------------------------------------------------------------------
 
-Problem = tuple[str, str]
+SchemaProblem = tuple[str, str]
 """(path relative to the checked value, e.g. `[1].name`, what is wrong)."""
 
 
@@ -133,9 +133,9 @@ def _type_ok(value: Any, kind: str) -> bool:
     return True
 
 
-def problems(value: Any, node: JsonSchema, path: str = "") -> list[Problem]:
+def problems(value: Any, node: JsonSchema, path: str = "") -> list[SchemaProblem]:
     """Every way `value` breaks the structural schema `node` (empty: it conforms)."""
-    out: list[Problem] = []
+    out: list[SchemaProblem] = []
     if node.get("x-kubernetes-int-or-string"):
         if isinstance(value, bool) or not isinstance(value, int | str):
             return [(path, f"Invalid value: {_show(value)}: must be an integer or a string")]
@@ -177,11 +177,11 @@ def problems(value: Any, node: JsonSchema, path: str = "") -> list[Problem]:
     return out
 
 
-def _duplicates(value: list[Any], node: JsonSchema, path: str) -> list[Problem]:
+def _duplicates(value: list[Any], node: JsonSchema, path: str) -> list[SchemaProblem]:
     list_type = node.get("x-kubernetes-list-type")
     keys: list[str] = node.get("x-kubernetes-list-map-keys", [])
     seen: set[str] = set()
-    out: list[Problem] = []
+    out: list[SchemaProblem] = []
     for i, item in enumerate(value):
         if list_type == "map" and isinstance(item, dict):
             if any(k not in item for k in keys):
@@ -199,7 +199,7 @@ def _duplicates(value: list[Any], node: JsonSchema, path: str) -> list[Problem]:
     return out
 
 
-def raise_problems(found: list[Problem]) -> None:
+def raise_problems(found: list[SchemaProblem]) -> None:
     if found:
         lines = "; ".join(f"{where}: {what}" for where, what in found)
         raise PydanticCustomError(SCHEMA_ERROR, lines, {"problems": found})

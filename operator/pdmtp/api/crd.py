@@ -15,11 +15,10 @@ from pydantic import BaseModel
 
 from pdmtp.api import corev1
 from pdmtp.api import vocabulary as v
+from pdmtp.api.corev1 import JsonSchema
 from pdmtp.api.rolescale import PDRoleScale
 from pdmtp.api.rules import CEL_KEY
 from pdmtp.api.v1alpha1 import METADATA_NAME, PDDeployment
-
-JsonSchema = dict[str, Any]
 
 DOCS_TYPE = "x-pdmtp-type"
 """The type name of a core/v1 stand-in (openapi_schema(embed=False) only; never in the CRD)."""

@@ -87,7 +87,7 @@ def _simulate(
     try:
         if canary is not None:
             held = replace(policy, canary_percent=canary.percent)
-            simulate.run(
+            simulate.simulate_rollout(
                 sim,
                 monitor,
                 target,
@@ -105,7 +105,7 @@ def _simulate(
                 )
             trace = Trace()
         if args.fail_after is not None:
-            simulate.run(
+            simulate.simulate_rollout(
                 sim,
                 monitor,
                 target,
@@ -121,9 +121,13 @@ def _simulate(
             )
             back = replace(start, prefill=target.prefill, decode=target.decode)
             trace = Trace()
-            simulate.run(sim, monitor, back, rng, ready_chance=args.ready_chance, trace=trace)
+            simulate.simulate_rollout(
+                sim, monitor, back, rng, ready_chance=args.ready_chance, trace=trace
+            )
         else:
-            simulate.run(sim, monitor, target, rng, ready_chance=args.ready_chance, trace=trace)
+            simulate.simulate_rollout(
+                sim, monitor, target, rng, ready_chance=args.ready_chance, trace=trace
+            )
     except InvariantViolation as e:
         print(format_trace(trace, revisions))
         print(f"INVARIANT VIOLATED: {e}")

@@ -1,5 +1,5 @@
 """`pdmtp run`: the operator (what the image's entry point runs), its flags turned into the
-options of `pdmtp.manager.run`."""
+options of `pdmtp.manager.run_operator`."""
 
 from __future__ import annotations
 
@@ -106,13 +106,13 @@ def run(args: argparse.Namespace) -> int:
     from pdmtp.election import ElectionOptions, default_identity, default_namespace
     from pdmtp.health import GRACE_SECONDS
     from pdmtp.kube import Kube
-    from pdmtp.manager import run as run_operator
+    from pdmtp.manager import run_operator
     from pdmtp.metrics import Metrics
     from pdmtp.probe import target_from
     from pdmtp.scrape import source_from
     from pdmtp.webhook import WebhookOptions
 
-    # kopf installs the log handler (pdmtp.manager.run): one format, one line per record.
+    # kopf installs the log handler (pdmtp.manager.run_operator): one format, one line per record.
     logging.getLogger("pdmtp").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     # Every liveness probe and metrics scrape would be an INFO line otherwise.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pdmtp.core.drift import drifted
-from pdmtp.core.objects import Obj, resource_version
-
-Manifest = dict[str, Any]
+from pdmtp.core.objects import Manifest, Obj, resource_version
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_look
 
 
 @dataclass(frozen=True)
-class Finding:
+class BrokenRule:
     """One broken rule: a reason from `reasons` and a message naming the field and the fix."""
 
     reason: str
@@ -46,7 +46,7 @@ class Agreement:
     prefill_lookahead: int | None
     decode_lookahead: int | None
     prefill_backoff: int | None
-    findings: tuple[Finding, ...]
+    findings: tuple[BrokenRule, ...]
 
     @property
     def compatible(self) -> bool:
@@ -71,12 +71,14 @@ def role_lookahead(eff: Effective, role: EngineRoleSettings) -> int | None:
     return prefill_lookahead(speculative.method, k, mtp_modules)
 
 
-def _lookahead_findings(eff: Effective, prefill: int | None, decode: int | None) -> list[Finding]:
+def _lookahead_findings(
+    eff: Effective, prefill: int | None, decode: int | None
+) -> list[BrokenRule]:
     k_prefill = eff.prefill.compat.num_speculative_tokens
     k_decode = eff.decode.compat.num_speculative_tokens
     if (prefill is None or decode is None) and k_prefill != k_decode:
         return [
-            Finding(
+            BrokenRule(
                 reasons.MTP_MODULES_UNKNOWN,
                 f"spec.prefill numSpeculativeTokens ({k_prefill}) and spec.decode "
                 f"numSpeculativeTokens ({k_decode}) differ and spec.model.mtpModules is not "
@@ -87,7 +89,7 @@ def _lookahead_findings(eff: Effective, prefill: int | None, decode: int | None)
         ]
     if prefill is not None and decode is not None and prefill != decode:
         return [
-            Finding(
+            BrokenRule(
                 reasons.LOOKAHEAD_MISMATCH,
                 f"the prefill derives lookahead {prefill} (numSpeculativeTokens {k_prefill}) but "
                 f"the decode derives {decode} (numSpeculativeTokens {k_decode}) with "
@@ -98,13 +100,13 @@ def _lookahead_findings(eff: Effective, prefill: int | None, decode: int | None)
     return []
 
 
-def _structure_findings(eff: Effective) -> list[Finding]:
-    findings: list[Finding] = []
+def _structure_findings(eff: Effective) -> list[BrokenRule]:
+    findings: list[BrokenRule] = []
     p, d = eff.prefill.compat, eff.decode.compat
     tp_p, tp_d = p.tensor_parallel_size, d.tensor_parallel_size
     if tp_p % tp_d and tp_d % tp_p:
         findings.append(
-            Finding(
+            BrokenRule(
                 reasons.TENSOR_PARALLEL_INDIVISIBLE,
                 f"{TP_DIVISIBLE_RULE.message} (prefill {tp_p}, decode {tp_d})",
             )
@@ -112,7 +114,7 @@ def _structure_findings(eff: Effective) -> list[Finding]:
     len_p, len_d = p.max_model_len, d.max_model_len
     if len_p is not None and len_d is not None and len_d < len_p:
         findings.append(
-            Finding(
+            BrokenRule(
                 reasons.MAX_MODEL_LEN_MISMATCH,
                 f"{MAX_MODEL_LEN_RULE.message} (decode {len_d}, prefill {len_p}, "
                 "spec.engine.maxModelLen included)",
@@ -123,7 +125,7 @@ def _structure_findings(eff: Effective) -> list[Finding]:
         for role in eff.roles:
             if role.compat.speculative_override:
                 findings.append(
-                    Finding(
+                    BrokenRule(
                         reasons.SPECULATIVE_OVERRIDE_WITHOUT_METHOD,
                         f"{SPECULATIVE_OVERRIDE_RULE.message} (spec.{role.name}.speculative is "
                         "set)",
@@ -131,7 +133,7 @@ def _structure_findings(eff: Effective) -> list[Finding]:
                 )
     elif speculative.method in DRAFT_MODEL_METHODS and speculative.draft_model is None:
         findings.append(
-            Finding(
+            BrokenRule(
                 reasons.DRAFT_MODEL_MISSING,
                 f"{DRAFT_MODEL_RULE.message} (spec.speculative.method is {speculative.method})",
             )
@@ -142,7 +144,7 @@ def _structure_findings(eff: Effective) -> list[Finding]:
             k = role.compat.num_speculative_tokens
             if k is not None and k > modules and k % modules:
                 findings.append(
-                    Finding(
+                    BrokenRule(
                         reasons.SPECULATIVE_TOKENS_INDIVISIBLE,
                         f"{SPECULATIVE_TOKENS_DIVISIBLE_RULE.message} (spec.{role.name} runs "
                         f"{k} with mtpModules {modules})",
@@ -150,12 +152,12 @@ def _structure_findings(eff: Effective) -> list[Finding]:
                 )
     kv = eff.shared.kv_transfer
     if kv.protocol == "rdma" and not kv.device_names:
-        findings.append(Finding(reasons.RDMA_DEVICES_MISSING, RDMA_DEVICES_RULE.message))
+        findings.append(BrokenRule(reasons.RDMA_DEVICES_MISSING, RDMA_DEVICES_RULE.message))
     return findings
 
 
-def _flag_findings(eff: Effective) -> list[Finding]:
-    findings: list[Finding] = []
+def _flag_findings(eff: Effective) -> list[BrokenRule]:
+    findings: list[BrokenRule] = []
     sources = [("spec.engine.extraArgs", eff.shared.engine.extra_args, ENGINE_EXTRA_ARGS_RULE)]
     sources += [
         (f"spec.{r.name}.extraArgs", list(r.local.extra_args), ROLE_EXTRA_ARGS_RULE)
@@ -166,7 +168,9 @@ def _flag_findings(eff: Effective) -> list[Finding]:
         if flags:
             owners = ", ".join(f"{flag} (set by {OWNED_FLAGS[flag]})" for flag in flags)
             findings.append(
-                Finding(reasons.OWNED_FLAG_IN_EXTRA_ARGS, f"{rule.message}; {path} sets {owners}")
+                BrokenRule(
+                    reasons.OWNED_FLAG_IN_EXTRA_ARGS, f"{rule.message}; {path} sets {owners}"
+                )
             )
     return findings
 

@@ -36,12 +36,12 @@ from pdmtp.api.v1alpha1 import (
 )
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
 
-Group = Literal["compat", "role", "unhashed"]
+FieldGroup = Literal["compat", "role", "unhashed"]
 
 # Every field of PDDeploymentSpec, by wire path; `<role>` stands for prefill and decode. A path
 # names a whole subtree (the walk in the test stops there): k8s-shaped values (env, resources,
 # pod settings) and the weights source are classified whole, our own structures field by field.
-FIELD_GROUPS: Mapping[str, Group] = {
+FIELD_GROUPS: Mapping[str, FieldGroup] = {
     "image": "compat",
     "model.name": "compat",
     "model.revision": "compat",

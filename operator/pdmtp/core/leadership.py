@@ -105,7 +105,7 @@ class Write:
 
 
 @dataclass(frozen=True)
-class Wait:
+class Follow:
     """Another process leads: look again after a retry period."""
 
     holder: str
@@ -138,7 +138,7 @@ def next_move(
     timing: Timing,
     now: float,
     wall: datetime,
-) -> Write | Wait:
+) -> Write | Follow:
     """What `me` does with the Lease `namespace/name` seen as `sighting` (None: it does not
     exist), at monotonic `now` and wall-clock `wall`."""
     stamp = micro_time(wall)
@@ -165,7 +165,7 @@ def next_move(
         return Write(body, create=False, taking=False)
     expires_in = sighting.since + record.lease_seconds - now
     if record.holder and expires_in > 0:
-        return Wait(record.holder, expires_in)
+        return Follow(record.holder, expires_in)
     spec = {
         "holderIdentity": me,
         "leaseDurationSeconds": duration,

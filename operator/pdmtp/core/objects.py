@@ -14,6 +14,13 @@ Obj = Mapping[str, Any]
 """A Kubernetes object as the API and the caches give it: plain JSON, read only. The one
 definition; every module that reads objects imports it from here."""
 
+Manifest = dict[str, Any]
+"""An object as plain JSON that its owner may still change: a child the render is writing, or an
+entry the shell's cache trims in place."""
+
+Key = tuple[str, str]
+"""An object's (namespace, name): what the work queue, the caches and the loops key on."""
+
 
 def parse_time(value: str | None) -> float | None:
     """RFC 3339 (as the API server writes it) to epoch seconds."""

@@ -63,7 +63,7 @@ from pdmtp.core.rollout.removal import (
 )
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import (
-    Health,
+    PodHealth,
     Steering,
     canary_traffic,
     steer,
@@ -309,7 +309,7 @@ def _missing_workload_api(agreement: Agreement, workload_api: str | None) -> str
     )
 
 
-def _health(ctx: Context, spec_verdict: Verdict | None) -> Health:
+def _health(ctx: Context, spec_verdict: Verdict | None) -> PodHealth:
     """What is wrong with the pods, what the step waits for, and what the spec revision's
     verdict does to its rollout."""
     budgets_seen = [
@@ -317,7 +317,7 @@ def _health(ctx: Context, spec_verdict: Verdict | None) -> Health:
         for o in ctx.others
         if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == ctx.name
     ]
-    return Health(
+    return PodHealth(
         engine_failures(ctx.raw_pods),
         crash_looping(ctx.raw_pods),
         unschedulable(ctx.raw_pods),

@@ -31,7 +31,7 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Validation:
     """`pdd` and `agreement` are None when the object does not parse."""
 
     pdd: PDDeployment | None
@@ -80,11 +80,15 @@ def field_problems(error: ValidationError) -> list[str]:
     return lines
 
 
-def validate(body: Mapping[str, Any]) -> Verdict:
+def validate(body: Mapping[str, Any]) -> Validation:
     """Parse `body` (status ignored) and check every cross-role rule."""
     try:
         pdd = PDDeployment.model_validate({**body, "status": None})
     except ValidationError as e:
-        return Verdict(None, None, (Problem(reasons.INVALID_SPEC, "; ".join(field_problems(e))),))
+        return Validation(
+            None, None, (Problem(reasons.INVALID_SPEC, "; ".join(field_problems(e))),)
+        )
     agreement = check(pdd.spec)
-    return Verdict(pdd, agreement, tuple(Problem(f.reason, f.message) for f in agreement.findings))
+    return Validation(
+        pdd, agreement, tuple(Problem(f.reason, f.message) for f in agreement.findings)
+    )

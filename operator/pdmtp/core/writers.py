@@ -193,7 +193,7 @@ def _budgets_and_router(
     actions: list[Action] = []
     for role, nodes in shapes.items():
         allowed = budgets.allowance(eff.rollout, grouped=nodes is not None)
-        budget = budgets.disruption_budget(
+        budget = budgets.disruption_budget_manifest(
             ctx.pdd, p.revision, role, allowed, nodes, p.replicas(role)
         )
         if change := apply_if_drifted(budget, ctx.existing):

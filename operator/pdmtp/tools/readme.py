@@ -74,7 +74,7 @@ def refresh(text: str, blocks: dict[str, Callable[[], str]] = BLOCKS) -> str:
     return _BLOCK.sub(rendered, text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def update_readme(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdmtp.tools.readme", description=__doc__)
     parser.add_argument("file", type=Path, help="the Markdown file to refresh (README.md)")
     parser.add_argument(
@@ -102,4 +102,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(update_readme())

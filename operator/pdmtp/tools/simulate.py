@@ -340,7 +340,7 @@ class InvariantViolation(AssertionError):
     """The planner broke a rollout invariant; the message says which and when."""
 
 
-def check(monitor: InvariantMonitor, sim: SimCluster, label: str) -> None:
+def assert_invariants(monitor: InvariantMonitor, sim: SimCluster, label: str) -> None:
     """Feed the monitor one moment of the simulation; raise on the first broken invariant."""
     violations = monitor.check(sim.moment(label))
     if violations:
@@ -355,7 +355,7 @@ class Trace:
     complete: bool = False
 
 
-def run(
+def simulate_rollout(
     sim: SimCluster,
     monitor: InvariantMonitor,
     target: Target,
@@ -377,7 +377,7 @@ def run(
     restarted): pods move on without it, and it goes on from what it observes (invariant 6)."""
     trace = trace if trace is not None else Trace()
     monitor.retarget(sim.observe(), target)
-    check(monitor, sim, "start")
+    assert_invariants(monitor, sim, "start")
     down = 0
     for tick in range(max_ticks):
         if rescale and tick in rescale:
@@ -387,7 +387,7 @@ def run(
         if down > 0:
             down -= 1
             sim.advance(rng, ready_chance)
-            check(monitor, sim, "while the operator was down")
+            assert_invariants(monitor, sim, "while the operator was down")
             continue
         passes = 2 if sim.controller_lag else 1
         for again in range(passes):
@@ -401,11 +401,11 @@ def run(
                 return trace
             removal = gate(step.revisions, observed, sim.engines(), sim.routers())
             sim.apply(step, removal, controllers=again == passes - 1)
-            check(
+            assert_invariants(
                 monitor,
                 sim,
                 "after the planner's step" if again == 0 else "after a step that saw its own write",
             )
         sim.advance(rng, ready_chance)
-        check(monitor, sim, "after pods changed")
+        assert_invariants(monitor, sim, "after pods changed")
     return trace

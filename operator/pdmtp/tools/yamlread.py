@@ -155,7 +155,7 @@ def _short(tag: str) -> str:
     return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org") else tag
 
 
-def resolve(tag: str, value: str) -> tuple[str, Any]:
+def resolve_scalar(tag: str, value: str) -> tuple[str, Any]:
     """go-yaml v2's resolve(): (resolved tag, value) of a scalar, `tag` "" when untagged."""
     if tag not in RESOLVABLE:
         return tag, value
@@ -357,7 +357,7 @@ class _Decoder:
             self.inside -= alias
 
     def scalar(self, n: yaml.ScalarNode) -> Any:
-        tag, resolved = resolve(n.tag, n.value)
+        tag, resolved = resolve_scalar(n.tag, n.value)
         if tag == BINARY:
             try:
                 data = base64.b64decode(n.value.replace("\n", "").replace("\r", ""), validate=True)

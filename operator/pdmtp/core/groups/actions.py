@@ -22,7 +22,6 @@ from pdmtp.core.groups.grouping import Group
 from pdmtp.core.groups.podgroups import next_group_ids
 from pdmtp.core.objects import metadata_of, name_of, pod_ready
 
-Manifest = dict[str, object]
 Render = Callable[[str], list[dict[str, object]]]
 """A group id -> its PodGroup and pods (`groups.group_objects` for the revision's settings)."""
 

@@ -17,7 +17,6 @@ so names are deterministic from what is observed. Nothing here reads the cluster
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.multinode import MultiNodeSpec, gpus_per_pod
@@ -25,8 +24,7 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
 from pdmtp.core.agreement import Agreement
-
-Manifest = dict[str, Any]
+from pdmtp.core.objects import Manifest
 
 DEFAULT_WORKLOAD_API = f"{v.WORKLOAD_API_GROUP}/{v.WORKLOAD_API_VERSIONS[0]}"
 """The PodGroup apiVersion rendered offline (`pdmtp render`); the operator uses the served one."""
@@ -92,7 +90,7 @@ def _gpus(container: Manifest, gpus: int) -> None:
         container["resources"][part][v.GPU_RESOURCE] = gpus
 
 
-def group_pod(
+def group_pod_manifest(
     pdd: PDDeployment,
     revision: str,
     role: EngineRole,
@@ -215,7 +213,7 @@ def group_objects(
     shape = shape_of(agreement, role)
     assert shape is not None, f"{role} has no multiNode shape"
     pods = [
-        group_pod(pdd, revision, role, group_id, rank, template, agreement)
+        group_pod_manifest(pdd, revision, role, group_id, rank, template, agreement)
         for rank in range(shape.nodes)
     ]
     return [pod_group(pdd, revision, role, group_id, agreement, api_version), *pods]

@@ -45,14 +45,11 @@ is not Ready serves nothing, and a crash-looping revision must not hold a drain.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment, RolloutSpec
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core import names
-
-Manifest = dict[str, Any]
+from pdmtp.core.objects import Manifest
 
 
 def allowance(rollout: RolloutSpec, grouped: bool = False) -> int:
@@ -65,7 +62,7 @@ def allowance(rollout: RolloutSpec, grouped: bool = False) -> int:
     return max(1, rollout.max_unavailable)
 
 
-def disruption_budget(
+def disruption_budget_manifest(
     pdd: PDDeployment,
     revision: str,
     role: EngineRole,

@@ -21,13 +21,12 @@ from pdmtp.core.agreement import Agreement
 from pdmtp.core.effective import Effective, EngineRoleSettings, Shared
 from pdmtp.core.groups import podgroups
 from pdmtp.core.hashing import canonical_json
+from pdmtp.core.objects import Manifest
 from pdmtp.core.render import budgets, scheduling
 from pdmtp.core.render.membership import Membership
 from pdmtp.core.render.router import ROUTER_LIVENESS_PATH, ROUTER_READINESS_PATH, router_args
 from pdmtp.core.render.weights import weights
 from pdmtp.core.revision import hash_of
-
-Manifest = dict[str, Any]
 
 KV_ROLES: Mapping[EngineRole, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
 ENGINE_CONTAINER = "engine"
@@ -406,7 +405,7 @@ def router_deployment(
     return deployment
 
 
-def client_service(pdd: PDDeployment) -> Manifest:
+def client_service_manifest(pdd: PDDeployment) -> Manifest:
     """The Service clients use: it selects the routers of every serving revision."""
     name = pdd.metadata.name
     return {
@@ -423,7 +422,7 @@ def client_service(pdd: PDDeployment) -> Manifest:
     }
 
 
-def network_policy(pdd: PDDeployment, eff: Effective) -> Manifest:
+def network_policy_manifest(pdd: PDDeployment, eff: Effective) -> Manifest:
     """Who may open a connection to the PDDeployment's engine pods; nobody else may.
 
     1. Its own engines, both roles, every revision: every TCP port (the Mooncake transfer
@@ -484,7 +483,11 @@ def router_service_account(pdd: PDDeployment) -> Manifest:
 
 def shared_children(pdd: PDDeployment, eff: Effective) -> list[Manifest]:
     """The children that belong to the PDDeployment as a whole, not to a revision."""
-    return [client_service(pdd), network_policy(pdd, eff), router_service_account(pdd)]
+    return [
+        client_service_manifest(pdd),
+        network_policy_manifest(pdd, eff),
+        router_service_account(pdd),
+    ]
 
 
 def revision_children(
@@ -506,7 +509,7 @@ def revision_children(
         shape = podgroups.shape_of(agreement, role)
         if shape is None:
             out.append(engine_deployment(pdd, revision, role, count, agreement))
-            out.append(budgets.disruption_budget(pdd, revision, role, allowed))
+            out.append(budgets.disruption_budget_manifest(pdd, revision, role, allowed))
             continue
         template = engine_pod_template(pdd, revision, role, agreement)
         out.append(podgroups.group_service(pdd, revision, role))
@@ -515,7 +518,9 @@ def revision_children(
                 pdd, revision, role, gid, template, agreement, pod_group_api
             )
         grouped = budgets.allowance(eff.rollout, grouped=True)
-        out.append(budgets.disruption_budget(pdd, revision, role, grouped, shape.nodes, count))
+        out.append(
+            budgets.disruption_budget_manifest(pdd, revision, role, grouped, shape.nodes, count)
+        )
     out.append(
         router_deployment(pdd, eff, revision, replicas.router, membership, replicas.drain_until)
     )

@@ -22,10 +22,9 @@ from pdmtp.core import names
 from pdmtp.core.actions import Action, Delete, apply_if_drifted
 from pdmtp.core.effective import resolve
 from pdmtp.core.hashing import short_hash
-from pdmtp.core.objects import Obj, labels_of, metadata_of, name_of
+from pdmtp.core.objects import Manifest, Obj, labels_of, metadata_of, name_of
 from pdmtp.core.revision import hash_of
 
-Manifest = dict[str, Any]
 SPEC_HASH_LENGTH = 6
 
 

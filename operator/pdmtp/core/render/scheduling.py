@@ -10,13 +10,11 @@ spreads each role's pods of the revision across that label's domains (maxSkew 1)
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.effective import RoleLocal
-
-Manifest = dict[str, Any]
+from pdmtp.core.objects import Manifest
 
 
 def pod_fields(

@@ -10,12 +10,10 @@ what `vllm serve` is pointed at, the volumes and mounts, and the Hugging Face en
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import ModelSpec
-
-Manifest = dict[str, Any]
+from pdmtp.core.objects import Manifest
 
 
 @dataclass(frozen=True)

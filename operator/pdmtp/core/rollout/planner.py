@@ -64,7 +64,7 @@ from typing import Literal
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole, by_role
 
-Outcome = Literal["Progress", "Complete", "Blocked", "Paused", "Held"]
+PlanOutcome = Literal["Progress", "Complete", "Blocked", "Paused", "Held"]
 MAX_CANARY_ROUTERS = 20
 """The anchor's routers during a canary hold are capped: routers are cheap, not free."""
 
@@ -233,7 +233,7 @@ class Step:
     """The planner's answer: every revision's plan, the outcome, and when to look again."""
 
     revisions: tuple[RevisionPlan, ...]
-    outcome: Outcome
+    outcome: PlanOutcome
     reason: str = ""
     """Why the roll is Blocked (empty otherwise)."""
     requeue_after: float | None = None

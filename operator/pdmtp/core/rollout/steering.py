@@ -91,7 +91,7 @@ class Gate:
 
 
 @dataclass(frozen=True)
-class Health:
+class PodHealth:
     """What is wrong with pods (`core.pods`)."""
 
     failures: Sequence[PodIssue] = ()
@@ -117,7 +117,7 @@ def steer(
     target: Target,
     policy: Policy,
     states: Sequence[RevisionState],
-    health: Health,
+    health: PodHealth,
     template_held: bool = False,
 ) -> Steering:
     """Where this reconcile rolls to: the spec's `target`, or back to the revision that serves
@@ -242,7 +242,7 @@ def _anchor(states: Sequence[RevisionState], revision: str) -> str | None:
 def failure_of(
     revision: str,
     spec: PDDeploymentSpec,
-    health: Health,
+    health: PodHealth,
     old: RolloutStatus | None,
     now: float,
     states: Sequence[RevisionState],
@@ -268,11 +268,11 @@ def failure_of(
         if gate.release_at_deadline:
             return None, False  # the verdict is waived instead (`_waiver`)
         return f"not Verified within {deadline}s: {gate.awaiting}", True
-    return f"no progress for {deadline}s: {waiting_for(revision, spec, health, states)}", True
+    return f"no progress for {deadline}s: {stall_cause(revision, spec, health, states)}", True
 
 
-def waiting_for(
-    revision: str, spec: PDDeploymentSpec, health: Health, states: Sequence[RevisionState]
+def stall_cause(
+    revision: str, spec: PDDeploymentSpec, health: PodHealth, states: Sequence[RevisionState]
 ) -> str:
     """What a stalled rollout waits for, with the policy that would work where it can tell, and
     the objects it waits for in every revision and role (routers, the old revision's pods)."""
@@ -284,7 +284,7 @@ def waiting_for(
 
 
 def _stalled(
-    revision: str, spec: PDDeploymentSpec, health: Health, states: Sequence[RevisionState]
+    revision: str, spec: PDDeploymentSpec, health: PodHealth, states: Sequence[RevisionState]
 ) -> str:
     stuck = [u for u in health.waiting if u.revision == revision]
     if stuck:
