@@ -359,7 +359,7 @@ class Controller:
             version = resource_version(body)
             try:
                 written = await asyncio.to_thread(
-                    self.kube.patch_status, namespace, name, report.status, old, v.KIND, version
+                    self.kube.patch_status, namespace, name, report.written, old, v.KIND, version
                 )
             except ApiError as e:
                 if e.status != 409 or version is None:

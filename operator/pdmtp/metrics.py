@@ -17,7 +17,8 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 
 if TYPE_CHECKING:
-    from pdmtp.core.reconcile import Decision, Report
+    from pdmtp.core.reconcile import Decision
+    from pdmtp.core.status.report import Report
 
 LABELS = ("namespace", "name")
 CONDITION_LABELS = (*LABELS, "type", "status", "reason")
@@ -268,17 +269,17 @@ class Metrics:
             self.compatible.labels(namespace, name).set(1 if agreement.compatible else 0)
             for finding in agreement.findings:
                 self.validation_failures.labels(namespace, name, finding.reason).inc()
-        roles = {r["name"]: r for r in report.status.get("roles", [])}
-        self.revisions.labels(namespace, name).set(len(report.status.get("revisions", [])))
-        desired = sum(roles.get(r, {}).get("desiredReplicas", 0) for r in v.ENGINE_ROLES)
-        updated = sum(roles.get(r, {}).get("updatedReplicas", 0) for r in v.ENGINE_ROLES)
+        status = report.status
+        roles = {r.name: r for r in status.roles}
+        self.revisions.labels(namespace, name).set(len(status.revisions))
+        desired = sum(roles[r].desired_replicas for r in v.ENGINE_ROLES if r in roles)
+        updated = sum(roles[r].updated_replicas for r in v.ENGINE_ROLES if r in roles)
         self.progress.labels(namespace, name).set(min(1.0, updated / desired) if desired else 0)
         for role, counts in roles.items():
-            self.ready.labels(namespace, name, role).set(counts.get("readyReplicas", 0))
-            self.desired.labels(namespace, name, role).set(counts.get("desiredReplicas", 0))
+            self.ready.labels(namespace, name, role).set(counts.ready_replicas)
+            self.desired.labels(namespace, name, role).set(counts.desired_replicas)
         conditions: set[tuple[str, ...]] = {
-            (namespace, name, c["type"], c["status"], c.get("reason", ""))
-            for c in report.status.get("conditions", [])
+            (namespace, name, c.type, c.status, c.reason) for c in status.conditions
         }
         self._set_current(namespace, name, self.condition, conditions)
         self._verdicts(namespace, name, report)
@@ -307,39 +308,39 @@ class Metrics:
     def _verdicts(self, namespace: str, name: str, report: Report) -> None:
         verdicts: set[tuple[str, ...]] = set()
         acceptance: dict[tuple[str, ...], float] = {}
-        for revision in report.status.get("revisions", []):
-            judged = revision.get("verification")
+        for revision in report.status.revisions:
+            judged = revision.verification
             if judged is None:
                 continue
-            labels = (namespace, name, revision["revision"])
-            verdicts.add((*labels, judged["verdict"], judged["reason"]))
-            if judged.get("acceptanceLength") is not None:
-                acceptance[labels] = judged["acceptanceLength"]
+            labels = (namespace, name, revision.revision)
+            verdicts.add((*labels, judged.verdict, judged.reason))
+            if judged.acceptance_length is not None:
+                acceptance[labels] = judged.acceptance_length
         self._set_current(namespace, name, self.verdict, verdicts)
         self._set_current(namespace, name, self.acceptance, acceptance)
 
     def _autoscaling(self, namespace: str, name: str, report: Report) -> None:
-        scaling = report.status.get("autoscaling") or {}
+        scaling = report.status.autoscaling
         coverage: set[tuple[str, ...]] = set()
-        for role in scaling.get("roles", []):
-            labels = (namespace, name, role["name"])
+        for role in scaling.roles if scaling is not None else ():
+            labels = (namespace, name, role.name)
             for direction in DIRECTIONS:  # at 0 from the first evaluation: rate() sees the first
                 self.autoscaler_decisions.labels(*labels, direction)
-            self.autoscaler_desired.labels(*labels).set(role["desiredReplicas"])
-            if role.get("recommendation") is not None:
-                self.autoscaler_recommended.labels(*labels).set(role["recommendation"])
-            for signal in role.get("signals", []):
-                gauge = self.autoscaler_signal.labels(*labels, signal["signal"])
-                gauge.set(signal["value"] if signal.get("value") is not None else float("nan"))
-                coverage.add((*labels, signal["signal"], signal["coverage"]))
+            self.autoscaler_desired.labels(*labels).set(role.desired_replicas)
+            if role.recommendation is not None:
+                self.autoscaler_recommended.labels(*labels).set(role.recommendation)
+            for signal in role.signals:
+                gauge = self.autoscaler_signal.labels(*labels, signal.signal)
+                gauge.set(signal.value if signal.value is not None else float("nan"))
+                coverage.add((*labels, signal.signal, signal.coverage))
         self._set_current(namespace, name, self.autoscaler_coverage, coverage)
         for event in report.events:
             if event.reason in (reasons.AUTOSCALED_UP, reasons.AUTOSCALED_DOWN):
-                role = event.message.split(" ", 1)[0]
+                scaled = event.message.split(" ", 1)[0]
                 direction = (
                     DIRECTIONS[0] if event.reason == reasons.AUTOSCALED_UP else DIRECTIONS[1]
                 )
-                self.autoscaler_decisions.labels(namespace, name, role, direction).inc()
+                self.autoscaler_decisions.labels(namespace, name, scaled, direction).inc()
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted PDDeployment's series."""

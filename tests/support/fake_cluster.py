@@ -115,7 +115,7 @@ class FakeCluster:
         self.refusals += refused
         report = decision.report(refused, unapplied)
         if report.status_changed:
-            self.body["status"] = copy.deepcopy(report.status)
+            self.body["status"] = copy.deepcopy(report.written)
         return decision
 
     def _refusal(self, action: Action) -> Rejection | None:

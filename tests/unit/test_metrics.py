@@ -16,7 +16,8 @@ from pdmtp.api.status import (
     SignalValue,
 )
 from pdmtp.core.actions import Event
-from pdmtp.core.reconcile import Decision, Report
+from pdmtp.core.reconcile import Decision
+from pdmtp.core.status.report import Report
 from pdmtp.metrics import Metrics
 
 NS, NAME = "serving", "llm"
@@ -32,7 +33,7 @@ def report(
     events: tuple[Event, ...] = (),
     autoscaling: AutoscalingStatus | None = None,
 ) -> Report:
-    """A report whose status is dumped as the core dumps it (camelCase, no None)."""
+    """A report as the core makes it: the typed status and its dump (camelCase, no None)."""
     status = PDDeploymentStatus(
         conditions=conditions,
         roles=[
@@ -42,7 +43,7 @@ def report(
         autoscaling=autoscaling,
     )
     dumped: dict[str, Any] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
-    return Report(status=dumped, status_changed=True, events=events)
+    return Report(status=status, written=dumped, status_changed=True, events=events)
 
 
 def observe(metrics: Metrics, r: Report) -> None:

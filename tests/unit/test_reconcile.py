@@ -223,7 +223,7 @@ def test_a_refused_write_is_status_and_no_event_claims_it() -> None:
     decode = next(a for a in d.actions if a.key.endswith("-decode"))
     refusal = Rejection(decode.key, 422, 'admission webhook "quota" denied the request: no GPUs')
     report = d.report([refusal])
-    cond = find(report.status["conditions"], "Progressing")
+    cond = find(report.written["conditions"], "Progressing")
     assert cond is not None and (cond["status"], cond["reason"]) == ("False", "ChildRejected")
     assert decode.key in cond["message"] and "denied the request: no GPUs" in cond["message"]
     created = {e.message for e in report.events if e.reason == "Created"}
@@ -233,13 +233,13 @@ def test_a_refused_write_is_status_and_no_event_claims_it() -> None:
 
     # The same refusal again: the condition holds, no second warning; accepted later: recovery.
     fc.apply_some(d, refused={decode.key})
-    fc.body["status"] = report.status
+    fc.body["status"] = report.written
     again = decide(fc.observed(), NOW + 1)
     still = again.report([refusal])
     assert not [e for e in still.events if e.reason == "ChildRejected"]
-    assert find(still.status["conditions"], "Progressing")["reason"] == "ChildRejected"  # type: ignore[index]
+    assert find(still.written["conditions"], "Progressing")["reason"] == "ChildRejected"  # type: ignore[index]
     fine = again.report()
-    assert find(fine.status["conditions"], "Progressing")["reason"] == "RolloutInProgress"  # type: ignore[index]
+    assert find(fine.written["conditions"], "Progressing")["reason"] == "RolloutInProgress"  # type: ignore[index]
     assert f"Created {decode.key}" in {e.message for e in fine.events}
 
 

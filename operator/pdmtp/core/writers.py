@@ -1,14 +1,17 @@
-"""What each revision's children should be, as writes (pure): the spec revision's engines
+"""What the children should be after a step, as writes (pure; `writes`): the shared children,
+and each revision's. The spec revision's engines
 rendered from the spec (a role-local roll held or sent back, `verification.templates`), an
 older revision's only scaled (or re-created from its recorded spec), a retired one's deletes,
 then each revision's disruption budgets and its router; the marks engine pods carry after the
-step (leaving, released, replace), and the budgets of revisions that are gone. `reconcile`
-decides the step and calls these for each revision of it.
+step (leaving, released, replace), the budgets of revisions that are gone, the role scale
+objects and the recorded specs. `reconcile` decides the step; only writes that change something
+are kept (a missing child, or a field the operator owns that differs: `drift`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pdmtp.api import vocabulary as v
@@ -41,16 +44,63 @@ from pdmtp.core.render.children import (
     engine_pod_template,
     held,
     router_deployment,
+    shared_children,
 )
-from pdmtp.core.render.history import Recorded, latest_spec, with_template
+from pdmtp.core.render.history import Recorded, history_actions, latest_spec, with_template
 from pdmtp.core.render.membership import revision_membership
 from pdmtp.core.rollout.planner import RevisionPlan
 from pdmtp.core.rollout.removal import EnginePod, Removal
+from pdmtp.core.scaling.roles import role_scale_actions
+from pdmtp.core.verification.revisions import replacements_of
 from pdmtp.core.verification.templates import TemplateRoll
 
 Shapes = dict[EngineRole, int | None]
 """Per engine role with a workload to guard: None for a Deployment's pods, else pods per group
 (`budgets`). A role with none (a dead revision's, awaiting retirement) has no entry."""
+
+
+@dataclass(frozen=True)
+class Writes:
+    actions: tuple[Action, ...]
+    retired: frozenset[str]
+    """Revisions whose workloads this step deletes."""
+    revision_keys: Mapping[str, frozenset[str]]
+    """Each revision's writes, by action key: its events claim only those applied."""
+
+
+def writes(
+    ctx: Context,
+    spec_revision: str | None,
+    removal: Removal,
+    engines: Sequence[EnginePod],
+    to_replace: Mapping[str, str],
+    rolls: Sequence[TemplateRoll],
+    desired: Mapping[EngineRole, int],
+    live: Collection[str],
+) -> Writes:
+    """Every write of a step: `removal` is the gated step, `to_replace` the pods marked for
+    replacement now (with why), `desired` each role's count, `live` the revisions observed."""
+    actions: list[Action] = []
+    if ctx.agreement.compatible:
+        children = shared_children(ctx.pdd, ctx.agreement.settings)
+        actions += [a for m in children if (a := apply_if_drifted(m, ctx.existing))]
+    pods_there = frozenset(name_of(p) for p in ctx.raw_pods)
+    tags = replacements_of(ctx.raw_pods)
+    actions += marks(removal, engines, ctx.stamp, to_replace, pods_there, tags)
+    retired = set()
+    revision_keys: dict[str, frozenset[str]] = {}
+    for p in removal.plans:
+        revision = revision_actions(ctx, p, spec_revision, removal, rolls)
+        actions += revision
+        revision_keys[p.revision] = frozenset(a.key for a in revision)
+        if p.delete and any(isinstance(a, Delete) for a in revision):
+            retired.add(p.revision)
+    actions += orphan_budgets(ctx.name, {p.revision for p in removal.plans}, ctx.others)
+    actions += role_scale_actions(ctx.pdd, desired, ctx.others, ctx.pods)
+    if spec_revision is not None:
+        pinned = {r.name for roll in rolls if (r := verified_spec(ctx, roll)) is not None}
+        actions += history_actions(ctx.pdd, spec_revision, ctx.history, ctx.existing, live, pinned)
+    return Writes(tuple(actions), frozenset(retired), revision_keys)
 
 
 def revision_actions(

@@ -36,6 +36,20 @@ def shape_of(agreement: Agreement, role: EngineRole) -> MultiNodeSpec | None:
     return agreement.settings.role(role).compat.multi_node
 
 
+def missing_workload_api(agreement: Agreement, workload_api: str | None) -> str | None:
+    """Why a multi-node spec cannot be served (None: it can, or it is not multi-node)."""
+    grouped = [r for r in v.ENGINE_ROLES if shape_of(agreement, r) is not None]
+    if not grouped or workload_api is not None:
+        return None
+    return (
+        f"spec.{grouped[0]}.multiNode needs the Kubernetes Workload API "
+        f"({v.WORKLOAD_API_GROUP} PodGroup, versions {', '.join(v.WORKLOAD_API_VERSIONS)}) "
+        "to gang-schedule its groups, and this API server serves none: enable the "
+        "GenericWorkload feature gate and the API (--runtime-config) on the control plane, "
+        "or remove multiNode"
+    )
+
+
 def leader_address(pdd: PDDeployment, revision: str, role: EngineRole, group_id: str) -> str:
     """The leader's DNS name through the role's headless Service (resolvable before it is
     Ready: the Service publishes not-ready addresses)."""

@@ -108,7 +108,7 @@ def history_actions(
     revision: str,
     history: Sequence[Recorded],
     existing: Mapping[str, Obj],
-    live_revisions: set[str],
+    live_revisions: Collection[str],
     pinned: Collection[str] = (),
 ) -> list[Action]:
     """Record the current spec (if not yet) and prune what the limit lets go; `pinned` are kept

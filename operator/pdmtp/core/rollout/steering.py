@@ -32,8 +32,15 @@ from pdmtp.api.status import RolloutPhase, RolloutStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.core.agreement import Agreement
 from pdmtp.core.context import Context
-from pdmtp.core.objects import describe, format_time, parse_time
-from pdmtp.core.pods import PodIssue, Wait
+from pdmtp.core.objects import describe, format_time, labels_of, parse_time
+from pdmtp.core.pods import (
+    PodIssue,
+    Wait,
+    crash_looping,
+    engine_failures,
+    unschedulable,
+    waits,
+)
 from pdmtp.core.revision import revision_of
 from pdmtp.core.rollout.planner import Policy, RevisionState, Step, Target, establishment
 
@@ -63,10 +70,10 @@ class Steering:
     verdict_waived: str | None = None
     """Why the rollout goes on without a verdict (mode Rollback, none by the deadline)."""
     new_waiver: bool = False
+    """The verdict was waived in this reconcile (worth an event)."""
     template_held: bool = False
     """A role-local roll inside the revision is held for its own verdict, which keeps its own
     deadline (`core.verification.templates`): the rollout's clock does not run meanwhile."""
-    """The verdict was waived in this reconcile (worth an event)."""
 
     @property
     def rolling_back(self) -> bool:
@@ -75,7 +82,8 @@ class Steering:
 
 @dataclass(frozen=True)
 class Gate:
-    """What the update revision's verdict does to its rollout."""
+    """What the update revision's verdict does to its rollout. The rollout's own input, defined
+    here where it is read; `core.verification` (above) produces it (`revisions.rollout_gate`)."""
 
     failure: str | None = None
     """Why the revision failed its verdict (the rollout fails as on its deadline); None if not."""
@@ -100,7 +108,24 @@ class PodHealth:
     waits: Sequence[Wait] = ()
     """What an unfinished step waits for, every revision and role (`core.pods.waits`)."""
     verification: Gate = field(default_factory=Gate)
-    """What the spec revision's verdict does to its rollout (`verification.gate`)."""
+    """What the spec revision's verdict does to its rollout (`revisions.rollout_gate`)."""
+
+
+def pod_health(ctx: Context, gate: Gate) -> PodHealth:
+    """What is wrong with the pods, what the step waits for, and (`gate`) what the spec
+    revision's verdict does to its rollout."""
+    budgets_seen = [
+        o
+        for o in ctx.others
+        if o.get("kind") == v.DISRUPTION_BUDGET_KIND and labels_of(o).get(v.LABEL_NAME) == ctx.name
+    ]
+    return PodHealth(
+        engine_failures(ctx.raw_pods),
+        crash_looping(ctx.raw_pods),
+        unschedulable(ctx.raw_pods),
+        waits(ctx.raw_pods, ctx.deployments, budgets_seen, ctx.now, cordoned=ctx.cordoned),
+        gate,
+    )
 
 
 def target_and_policy(agreement: Agreement) -> tuple[Target, Policy]:

@@ -65,6 +65,34 @@ def parse_status(raw: Obj) -> PDDeploymentStatus:
         return PDDeploymentStatus(conditions=parse_conditions(raw.get("conditions") or []))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Findings:
+    """What one reconcile found and decided, besides the spec and what it observed (`Context`):
+    the status and the events are built from it in one pass (`core.status.report`)."""
+
+    states: Sequence[RevisionState]
+    step: Step
+    steering: Steering
+    record: RolloutStatus | None = None
+    """The rollout's record (`steering.track`); None once no rollout is under way."""
+    scaling: Scaling | None = None
+    """The autoscaler's evaluation; None without spec.autoscaling."""
+    failures: Sequence[PodIssue] = ()
+    waiting: Sequence[PodIssue] = ()
+    rejected: Sequence[PodIssue] = ()
+    """Workloads whose pods the API server refuses."""
+    waits: Sequence[Wait] = ()
+    """What an unfinished step waits for, ordered (`core.pods.waits`)."""
+    verdicts: Mapping[str, Verdict] = field(default_factory=dict)
+    """Each revision's verdict (`core.verification`; none with spec.verification.mode Off)."""
+    template_rolls: Sequence[TemplateRoll] = ()
+    """The role-local changes rolling inside the spec revision (`core.verification.templates`)."""
+    retired: frozenset[str] = frozenset()
+    """Revisions whose workloads this reconcile deletes."""
+    revision_keys: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Each revision's writes, by action key: its events claim only those applied."""
+
+
 # ---- one builder per condition ------------------------------------------------------------
 
 
@@ -132,7 +160,7 @@ def _progress(
 def progressing(
     agreement: Agreement,
     step: Step,
-    seen: Observations,
+    seen: Findings,
     target: Target,
     current: str | None,
     refused: Sequence[Rejection] = (),
@@ -257,7 +285,7 @@ def _controlled(
     return None
 
 
-def _waiting(seen: Observations, target: Target) -> ConditionUpdate:
+def _waiting(seen: Findings, target: Target) -> ConditionUpdate:
     """Under way: what it waits for, when something holds it up."""
     if seen.rejected:
         issue = seen.rejected[0]
@@ -429,24 +457,6 @@ def revision_table(
 # ---- the whole status -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Observations:
-    """What the status is computed from besides the spec."""
-
-    states: Sequence[RevisionState]
-    step: Step
-    failures: Sequence[PodIssue]
-    waiting: Sequence[PodIssue]
-    rejected: Sequence[PodIssue] = ()
-    """Workloads whose pods the API server refuses."""
-    waits: Sequence[Wait] = ()
-    """What an unfinished step waits for, ordered (`core.pods.waits`)."""
-    verdicts: Mapping[str, Verdict] = field(default_factory=dict)
-    """Each revision's verdict (`core.verification`; none with spec.verification.mode Off)."""
-    template_rolls: Sequence[TemplateRoll] = ()
-    """The role-local changes rolling inside the spec revision (`core.verification.templates`)."""
-
-
 def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -> str | None:
     """The most established serving revision; while none serves, the last one that did, if it
     still has workloads."""
@@ -459,16 +469,12 @@ def current_revision(states: Sequence[RevisionState], old: PDDeploymentStatus) -
 
 
 def build(
-    ctx: Context,
-    seen: Observations,
-    steering: Steering,
-    record: RolloutStatus | None,
-    scaling: Scaling | None,
-    refused: Sequence[Rejection] = (),
+    ctx: Context, seen: Findings, refused: Sequence[Rejection] = ()
 ) -> tuple[PDDeploymentStatus, list[Transition]]:
     """The status for this reconcile (after its writes; `refused` are those the API server
     refused) and the conditions that flipped."""
     spec, generation, old, agreement = ctx.spec, ctx.generation, ctx.old, ctx.agreement
+    steering, record, scaling = seen.steering, seen.record, seen.scaling
     target, policy, now = steering.target, steering.policy, ctx.stamp
     update = steering.spec_revision or old.update_revision
     current = current_revision(seen.states, old)

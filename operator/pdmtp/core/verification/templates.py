@@ -35,6 +35,9 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.status import TemplateRollPhase, TemplateRollStatus
 from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole
+from pdmtp.core import names
+from pdmtp.core.context import Context
+from pdmtp.core.groups import podgroups
 from pdmtp.core.objects import (
     Obj,
     annotations_of,
@@ -47,6 +50,7 @@ from pdmtp.core.objects import (
     pod_ready,
 )
 from pdmtp.core.pods import ready_since
+from pdmtp.core.revision import hash_of
 from pdmtp.core.verification.revisions import (
     expected_backoff,
     load_failure_policy,
@@ -147,22 +151,25 @@ def role_hash_of(obj: Obj) -> str | None:
     return annotations_of(obj).get(v.ANNOTATION_ROLE_HASH)
 
 
-def rolls(
-    spec: PDDeploymentSpec,
-    revision: str | None,
-    wanted: Mapping[EngineRole, str],
-    deployments: Mapping[EngineRole, Obj],
-    pods: Sequence[Obj],
-    metrics: Mapping[str, PodMetrics],
-    old: Sequence[TemplateRollStatus],
-    now: float,
-) -> list[TemplateRoll]:
-    """The template rolls of `revision` (the spec's) after this reconcile: `wanted` is each
-    single-node engine role's role hash in the spec, `deployments` its Deployment as observed
-    (a role without one is created, not rolled), `old` the rolls status recorded."""
-    verification = spec.effective_verification
-    if revision is None or verification.mode not in ("Rollback", "Gate"):
+def rolls(ctx: Context, revision: str | None) -> list[TemplateRoll]:
+    """The template rolls of `revision` (the spec's) after this reconcile, one per single-node
+    engine role whose Deployment exists (a role without one is created, not rolled), carried on
+    from the rolls the status recorded."""
+    spec = ctx.spec
+    judged = spec.effective_verification.mode in ("Rollback", "Gate")
+    if revision is None or not judged or not ctx.agreement.compatible:
         return []
+    eff = ctx.agreement.settings
+    # Each single-node role's role hash in the spec: what its Deployment's template rolls to.
+    wanted = {
+        r: hash_of(eff, r) for r in v.ENGINE_ROLES if podgroups.shape_of(ctx.agreement, r) is None
+    }
+    deployments = {
+        r: d
+        for r in wanted
+        if (d := ctx.existing.get(f"Deployment/{names.workload(ctx.name, revision, r)}"))
+    }
+    pods, metrics, old, now = ctx.raw_pods, ctx.metrics, ctx.old.template_rolls or [], ctx.now
     out = []
     for role, template in wanted.items():
         deployment = deployments.get(role)
