@@ -1,6 +1,6 @@
-"""The controller: watch, queue, observe -> core.decide -> apply -> status. No decisions here.
+"""The controller's loops: queue, observe -> core.decide -> apply -> status. No decisions here.
 
-Reflectors (`pdmtp.cache`) watch the PDDeployments, every child kind pdmtp manages and the Nodes
+Reflectors (`pdmtp.watches`) watch the PDDeployments, every child kind pdmtp manages and the Nodes
 into in-memory stores. Every event only puts the owning PDDeployment's key on the work queue
 (`pdmtp.workqueue`). Workers take one key at a time, read its children from the store (no API
 request), call `pdmtp.core.reconcile.decide`, apply the actions (`pdmtp.executor`: stopping at the
@@ -15,7 +15,6 @@ bookkeeping annotations), and a restart rebuilds everything from the initial lis
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,21 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdmtp.api import vocabulary as v
-from pdmtp.api.kinds import DEPLOYMENT, NODE, PDDEPLOYMENT, POD, POD_GROUP, WATCHED, Kind
 from pdmtp.backoff import backoff
-from pdmtp.cache import ChildStore, Reflector, Table, wait_synced
 from pdmtp.core.actions import Event
-from pdmtp.core.context import Observed
-from pdmtp.core.objects import Key, cordoned_nodes, is_terminating, resource_version
+from pdmtp.core.objects import Key, is_terminating, resource_version
 from pdmtp.core.reconcile import decide
 from pdmtp.election import Elector
 from pdmtp.executor import Executor
 from pdmtp.expectations import Expectations, after_write
-from pdmtp.health import GRACE_SECONDS, Health, Watch, assess
+from pdmtp.health import GRACE_SECONDS, Health, assess
 from pdmtp.kube import ApiError, Kube
 from pdmtp.metrics import Metrics
 from pdmtp.probe import HttpTarget, Prober, ProbeTarget
 from pdmtp.scrape import HttpSource, MetricsSource, Scraper
+from pdmtp.watches import Watches, spans_nodes
 from pdmtp.workqueue import WorkQueue
 
 log = logging.getLogger("pdmtp")
@@ -60,12 +57,6 @@ class Options:
 STALE_REQUEUE_SECONDS = 0.0
 
 
-def _spans_nodes(body: Mapping[str, Any] | None) -> bool:
-    """Whether a PDDeployment asks for a multi-node role (it needs the Workload API)."""
-    spec = (body or {}).get("spec") or {}
-    return any(isinstance(spec.get(r), dict) and "multiNode" in spec[r] for r in v.ENGINE_ROLES)
-
-
 class WritesRefused(Exception):
     """Some of a reconcile's writes were refused; the key is retried with backoff."""
 
@@ -76,17 +67,10 @@ class Controller:
     options: Options
     metrics: Metrics
     queue: WorkQueue = field(default_factory=WorkQueue)
-    pdds: Table = field(default_factory=Table)
-    """PDDeployments, from their reflectors' watches."""
-    store: ChildStore = field(default_factory=ChildStore)
-    """Children, from the reflectors' watches."""
     expectations: Expectations = field(default_factory=Expectations)
     """Each PDDeployment's accepted writes that the watches have not shown yet."""
     failures: dict[Key, int] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    reflectors: list[Reflector] = field(default_factory=list)
-    pdd_reflectors: list[Reflector] = field(default_factory=list)
-    synced: asyncio.Event = field(default_factory=asyncio.Event)
     events: asyncio.Queue[tuple[Mapping[str, Any], Event]] = field(default_factory=asyncio.Queue)
     started_at: float = field(default_factory=time.monotonic)
     webhook_resolved: Callable[[], bool] | None = None
@@ -97,26 +81,22 @@ class Controller:
     probes: ProbeTarget = field(default_factory=HttpTarget)
     """Where the operator's own requests go (`pdmtp.probe`)."""
     prober: Prober | None = None
-    workload_api: str | None = None
-    """The Workload API version the API server serves (`scheduling.k8s.io/v1beta1`), None when it
-    serves none: discovered at start, and while it is None at every resync that finds a
-    multi-node spec waiting for it (so an idle resync makes no request)."""
     elector: Elector | None = None
     """Leader election (None: run without, always leading). A standby keeps its caches warm
     and reconciles nothing until it leads."""
-    nodes: Table = field(default_factory=Table)
-    """Every Node, from its reflector: for the cordons a drain begins with."""
-    cordoned: frozenset[str] = frozenset()
+    watches: Watches = field(init=False)
+    """The reflectors and the caches they fill (`pdmtp.watches`)."""
     executor: Executor = field(init=False)
     """Applies a decision's actions (`pdmtp.executor`)."""
 
     def __post_init__(self) -> None:
-        self.executor = Executor(self.kube, self.expectations, self.metrics, self.held)
+        self.watches = Watches(self.kube, self.metrics, self.options.namespaces)
+        self.executor = Executor(self.kube, self.expectations, self.metrics, self.watches.held)
 
     # ---- watch side -----------------------------------------------------------------------
 
     def on_pdd_change(self, key: Key) -> None:
-        if self.pdds.get(key) is None:  # deleted, or gone from a fresh listing
+        if self.watches.pdds.get(key) is None:  # deleted, or gone from a fresh listing
             self.failures.pop(key, None)
             self.expectations.forget(key)
             self.metrics.forget(*key)
@@ -124,99 +104,35 @@ class Controller:
         self.queue.add(key)
 
     def on_child_change(self, key: Key) -> None:
-        if self.pdds.get(key) is not None:
+        if self.watches.pdds.get(key) is not None:
             self.queue.add(key)
 
     def on_node_change(self) -> None:
         """A cordon set or lifted: every PDDeployment looks again (its pods may sit there)."""
-        nodes = (self.nodes.get(k) for k in self.nodes.snapshot())
-        cordoned = cordoned_nodes(n for n in nodes if n is not None)
-        if cordoned != self.cordoned:
-            log.info("Cordoned nodes: %s", ", ".join(sorted(cordoned)) or "none")
-            self.cordoned = cordoned
-            for key in self.pdds.snapshot():
+        if self.watches.update_cordons():
+            for key in self.watches.pdds.snapshot():
                 self.queue.add(key)
 
     # ---- work side ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-
-        def on_child(key: Key) -> None:  # called from reflector threads
-            loop.call_soon_threadsafe(self.on_child_change, key)
-
-        def on_pdd(key: Key) -> None:
-            loop.call_soon_threadsafe(self.on_pdd_change, key)
-
-        def count(kind: str, verb: str) -> None:
-            self.metrics.watch_requests.labels(kind, verb).inc()
-
-        scopes: list[str | None] = list(self.options.namespaces) or [None]
-        for namespace in scopes:
-            # Every PDDeployment, not only labelled ones; retried until the API serves them.
-            reflector = Reflector(
-                self.kube.api, PDDEPLOYMENT, namespace, self.pdds, on_pdd, count, selector=None
-            )
-            scope = namespace or ""
-            self.metrics.watched.labels(PDDEPLOYMENT.plural, scope).set_function(
-                reflector.watching_value
-            )
-            self.pdd_reflectors.append(reflector)
-        await asyncio.to_thread(self.discover_workload_api)
-
-        def on_node(_: Key) -> None:
-            loop.call_soon_threadsafe(self.on_node_change)
-
-        # Listed before the first reconcile, as the children are (`_await_sync`).
-        self.reflectors.append(
-            Reflector(self.kube.api, NODE, None, self.nodes, on_node, count, selector=None)
-        )
-        for kind in WATCHED:
-            for namespace in scopes:
-                self.reflectors.append(
-                    Reflector(
-                        self.kube.api, self._served(kind), namespace, self.store, on_child, count
-                    )
-                )
-        for reflector in (*self.pdd_reflectors, *self.reflectors):
-            reflector.start()
-        self.tasks.append(asyncio.create_task(self._await_sync(), name="pdmtp-sync"))
+        await self.watches.start(self.on_pdd_change, self.on_child_change, self.on_node_change)
+        self.tasks.append(asyncio.create_task(self.watches.await_sync(), name="pdmtp-sync"))
         for i in range(self.options.workers):
             self.tasks.append(asyncio.create_task(self._worker(), name=f"pdmtp-worker-{i}"))
         self.tasks.append(asyncio.create_task(self._resync(), name="pdmtp-resync"))
         self.tasks.append(asyncio.create_task(self._poster(), name="pdmtp-events"))
+        pdds, store = self.watches.pdds, self.watches.store
         self.scraper = Scraper(
             self.source,
-            self.pdds,
-            self.store,
+            pdds,
+            store,
             self.queue.add,
             verify_seconds=self.options.verification_seconds,
         )
         self.tasks.append(asyncio.create_task(self._scrape(), name="pdmtp-scraper"))
-        self.prober = Prober(self.probes, self.pdds, self.store, self.metrics)
+        self.prober = Prober(self.probes, pdds, store, self.metrics)
         self.tasks.append(asyncio.create_task(self._probe(), name="pdmtp-prober"))
-
-    def discover_workload_api(self) -> None:
-        """Which Workload API version the server serves PodGroups at (None: none). The kube
-        adapter then addresses PodGroups there; rendering names it in their apiVersion."""
-        try:
-            served = self.kube.served_version(
-                v.WORKLOAD_API_GROUP, v.WORKLOAD_API_VERSIONS, v.POD_GROUP_PLURAL
-            )
-        except ApiError as e:
-            log.warning("Discovery of %s failed: %s", v.WORKLOAD_API_GROUP, e.message)
-            return  # keep what was known
-        found = None if served is None else f"{v.WORKLOAD_API_GROUP}/{served}"
-        if found != self.workload_api:
-            log.info("Workload API: %s", found or f"not served ({v.WORKLOAD_API_GROUP})")
-        self.workload_api = found
-        if served is not None:
-            self.kube.versions[POD_GROUP.kind] = served
-
-    def _served(self, kind: Kind) -> Kind:
-        """`kind` at the version the server serves it (the Workload API's may differ)."""
-        served = self.kube.versions.get(kind.kind)
-        return kind if served is None else dataclasses.replace(kind, version=served)
 
     def leads(self) -> bool:
         """Whether this process leads now (always, without election)."""
@@ -229,40 +145,22 @@ class Controller:
 
     async def _scrape(self) -> None:
         assert self.scraper is not None
-        await self.synced.wait()
+        await self.watches.synced.wait()
         await self._leading()  # a standby sends no request to the engines
         await self.scraper.run()
 
     async def _probe(self) -> None:
         assert self.prober is not None
-        await self.synced.wait()
+        await self.watches.synced.wait()
         await self._leading()  # a standby sends no request either
         await self.prober.run()
 
-    async def _await_sync(self) -> None:
-        # No reconcile before every child kind is listed: an empty store would read as
-        # "nothing exists" and re-create what is there.
-        while not await asyncio.to_thread(wait_synced, self.reflectors, 5.0):
-            log.info("Waiting for the child caches to sync")
-        log.info("Child caches synced: %d objects", self.store.size())
-        self.synced.set()
-
     def health(self) -> Health:
         now = time.monotonic()
-        watches = [
-            Watch(
-                r.kind.plural,
-                r.namespace or "all namespaces",
-                r.watching,
-                round(now - r.changed_at, 1),
-                r.last_error,
-            )
-            for r in self.pdd_reflectors
-        ]
         workers = [t for t in self.tasks if t.get_name().startswith("pdmtp-worker")]
         return assess(
-            watches,
-            children_synced=self.synced.is_set(),
+            self.watches.pdd_watches(now),
+            children_synced=self.watches.synced.is_set(),
             workers_alive=not any(t.done() for t in workers),  # none yet: starting
             # A standby serves no webhook yet (kopf's start waits for the Lease).
             webhook_resolved=(
@@ -276,8 +174,7 @@ class Controller:
         )
 
     async def stop(self) -> None:
-        for reflector in (*self.pdd_reflectors, *self.reflectors):
-            reflector.stop()
+        self.watches.stop()
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
@@ -285,24 +182,25 @@ class Controller:
     async def _resync(self) -> None:
         while True:
             await asyncio.sleep(self.options.resync_seconds)
-            self.metrics.cached_objects.set(self.store.size())
-            keys = self.pdds.snapshot()
-            if self.workload_api is None and any(_spans_nodes(self.pdds.get(k)) for k in keys):
-                await asyncio.to_thread(self.discover_workload_api)
+            watches = self.watches
+            self.metrics.cached_objects.set(watches.store.size())
+            keys = watches.pdds.snapshot()
+            if watches.workload_api is None and any(spans_nodes(watches.pdds.get(k)) for k in keys):
+                await asyncio.to_thread(watches.discover_workload_api)
             for key in keys:
                 self.queue.add(key)
 
     async def _worker(self) -> None:
-        await self.synced.wait()
+        await self.watches.synced.wait()
         await self._leading()
         while True:
             key = await self.queue.get()
             try:
-                if (wait := self.expectations.wait(key, self.held)) is not None:
+                if (wait := self.expectations.wait(key, self.watches.held)) is not None:
                     # The watch event that shows the write queues the key again.
                     self.queue.add_after(key, wait)
                     continue
-                body = self.pdds.get(key)
+                body = self.watches.pdds.get(key)
                 if body is not None and not is_terminating(body):
                     requeue = await self.reconcile(key, body)
                     self.failures.pop(key, None)
@@ -317,37 +215,14 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    def held(self, kind: str, namespace: str, name: str) -> str | None:
-        """The resourceVersion the caches hold of an object (None: not there)."""
-        if kind == PDDEPLOYMENT.kind:
-            return self.pdds.held(namespace, name)
-        return self.store.held(kind, namespace, name)
-
-    def observed(self, body: Mapping[str, Any], namespace: str, name: str) -> Observed:
-        """The PDDeployment and its children as the caches hold them: no API request."""
-        children = self.store.children(namespace, name)
-        # Every watched kind reaches the core: the two it reads apart, the rest as `others`.
-        others = [
-            o for k in WATCHED if k not in (DEPLOYMENT, POD) for o in children.get(k.kind, [])
-        ]
-        metrics = self.scraper.metrics(namespace, name) if self.scraper is not None else {}
-        return Observed(
-            body,
-            children.get(DEPLOYMENT.kind, []),
-            children.get(POD.kind, []),
-            others,
-            metrics,
-            self.workload_api,
-            self.cordoned,
-        )
-
     async def reconcile(self, key: Key, body: Mapping[str, Any]) -> float | None:
         """Steps: 1 read the cached children, 2 decide (pure), 3 apply the actions (stop at
         the first refusal), 4 report: write status once if it changed, 5 post the events of what
         was accepted. Returns when to look again; raises when a write was refused (backoff)."""
         namespace, name = key
         started = time.monotonic()
-        decision = decide(self.observed(body, namespace, name), time.time())
+        metrics = self.scraper.metrics(namespace, name) if self.scraper is not None else {}
+        decision = decide(self.watches.observed(body, key, metrics), time.time())
         applied = await asyncio.to_thread(self.executor.apply, key, decision.actions)
         refused = applied.refused
         report = decision.report(refused, applied.unapplied)

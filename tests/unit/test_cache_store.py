@@ -76,35 +76,35 @@ MARK = Annotate("decode-a", {v.ANNOTATION_LEAVING: "scale-down"}, leaving=True)
 
 def test_a_write_s_late_answer_does_not_bring_back_a_pod_the_watch_deleted() -> None:
     c = controller(answer="12")
-    watch(c.store, "ADDED", pod("decode-a", "10"))
-    watch(c.store, "DELETED", pod("decode-a", "14"))
+    watch(c.watches.store, "ADDED", pod("decode-a", "10"))
+    watch(c.watches.store, "DELETED", pod("decode-a", "14"))
     c.executor.apply_one(KEY, MARK)  # its answer (version 12) was sent before the deletion
-    assert pods_of(c.store) == []
-    assert c.expectations.wait(KEY, c.held) is None  # the deletion shows the write
+    assert pods_of(c.watches.store) == []
+    assert c.expectations.wait(KEY, c.watches.held) is None  # the deletion shows the write
 
 
 def test_a_mark_is_awaited_until_the_watch_shows_it() -> None:
     c = controller(answer="12")
-    watch(c.store, "ADDED", pod("decode-a", "10"))
+    watch(c.watches.store, "ADDED", pod("decode-a", "10"))
     c.executor.apply_one(KEY, MARK)
-    assert c.store.held("Pod", NAMESPACE, "decode-a") == "10"  # the answer is not stored
-    assert c.expectations.wait(KEY, c.held) is not None
-    watch(c.store, "MODIFIED", pod("decode-a", "12"))
-    assert c.expectations.wait(KEY, c.held) is None
+    assert c.watches.store.held("Pod", NAMESPACE, "decode-a") == "10"  # the answer is not stored
+    assert c.expectations.wait(KEY, c.watches.held) is not None
+    watch(c.watches.store, "MODIFIED", pod("decode-a", "12"))
+    assert c.expectations.wait(KEY, c.watches.held) is None
 
 
 def test_a_create_is_awaited_until_the_watch_adds_it() -> None:
     c = controller(answer="3")
     manifest = {"kind": "Pod", "metadata": {"name": "router-x", "namespace": NAMESPACE}}
     c.executor.apply_one(KEY, Apply(manifest, exists=False))
-    assert pods_of(c.store) == [] and c.expectations.pending(KEY) == 1
-    watch(c.store, "ADDED", pod("router-x", "3"))
-    assert c.expectations.wait(KEY, c.held) is None
+    assert pods_of(c.watches.store) == [] and c.expectations.pending(KEY) == 1
+    watch(c.watches.store, "ADDED", pod("router-x", "3"))
+    assert c.expectations.wait(KEY, c.watches.held) is None
 
 
 def test_a_write_that_changed_nothing_leaves_nothing_to_wait_for() -> None:
     c = controller(answer="10")  # a server-side apply of what is there: same version
-    watch(c.store, "ADDED", pod("decode-a", "10"))
+    watch(c.watches.store, "ADDED", pod("decode-a", "10"))
     c.executor.apply_one(KEY, MARK)
     assert c.expectations.pending(KEY) == 0
 
@@ -121,11 +121,11 @@ def test_a_delete_is_met_by_the_deletion_or_the_grace_period_s_version(
     change: str, obj: dict[str, Any]
 ) -> None:
     c = controller(answer=None)
-    watch(c.store, "ADDED", pod("decode-a", "10"))
+    watch(c.watches.store, "ADDED", pod("decode-a", "10"))
     c.executor.apply_one(KEY, Delete("Pod", "decode-a"))
-    assert c.expectations.wait(KEY, c.held) is not None
-    watch(c.store, change, obj)
-    assert c.expectations.wait(KEY, c.held) is None
+    assert c.expectations.wait(KEY, c.watches.held) is not None
+    watch(c.watches.store, change, obj)
+    assert c.expectations.wait(KEY, c.watches.held) is None
 
 
 def test_deleting_what_the_store_does_not_hold_leaves_nothing_to_wait_for() -> None:
@@ -162,13 +162,13 @@ def test_resource_versions_are_compared_for_equality_only() -> None:
 
 def test_the_pddeployment_table_answers_for_status_writes() -> None:
     c = controller(answer=None)
-    c.pdds.put("PDDeployment", pod(OWNER, "5"))
+    c.watches.pdds.put("PDDeployment", pod(OWNER, "5"))
     c.expectations.expect(KEY, after_write("PDDeployment", OWNER, "5", "6"))
-    assert c.expectations.wait(KEY, c.held) is not None
-    c.pdds.put("PDDeployment", pod(OWNER, "6"))
-    assert c.expectations.wait(KEY, c.held) is None
+    assert c.expectations.wait(KEY, c.watches.held) is not None
+    c.watches.pdds.put("PDDeployment", pod(OWNER, "6"))
+    assert c.expectations.wait(KEY, c.watches.held) is None
     c.expectations.expect(KEY, after_write("PDDeployment", OWNER, "6", "7"))
-    c.pdds.drop("PDDeployment", NAMESPACE, OWNER)
+    c.watches.pdds.drop("PDDeployment", NAMESPACE, OWNER)
     c.on_pdd_change(KEY)  # the PDDeployment is gone: so is what it waited for
     assert c.expectations.pending(KEY) == 0
 
