@@ -4,10 +4,9 @@
 defaults resolved by `pdmtp.api.autoscaling`, the one place they are written), the engines' own
 metrics per pod (already parsed, see `pdmtp.core.promtext`), each pod's Ready flag, the replicas
 each role has now, the recommendations and scale events of the last minutes and the time, and
-returns per role the
-desired replicas, the raw recommendation, the signal that decided, a reason a human can read and
-every signal value it used, plus the history to hand back next time. No clock, no I/O: the caller
-scrapes, stores the history and writes the replicas.
+returns per role the desired replicas, the raw recommendation, the signal that decided, a reason
+a human can read and every signal value it used, plus the history to hand back next time. No
+clock, no I/O: the caller scrapes, stores the history and writes the replicas.
 
 Per role, in this order (each step names itself in the reason when it changed the number):
 
@@ -40,63 +39,40 @@ The band wins over step limits and the hold, because it is the one invariant the
 no decision leaves: a role may then move further than its step, or down on missing data when the
 other role is at its max.
 
-Default signals (their targets are in `pdmtp.api.autoscaling.AUTOSCALING_DEFAULTS`), and why:
-
-- prefill: `waitingRequestsPerPod` (vllm:num_requests_waiting) and `queueTimeSeconds`
-  (windowed mean of vllm:request_queue_time_seconds). A P/D prefill pod runs each prompt once
-  and hands it on; its work is compute-bound, so when arrivals outrun it the first thing that grows
-  is its queue, in proportion to the excess: the leading signal (Kthena scales on the same one).
-  Queue time is the part of TTFT that more pods remove; TTFT itself also holds the prompt's own
-  compute time, which depends on prompt length and not on pod count, so it is available
-  (`timeToFirstTokenSeconds`) but not a default.
-- decode: `kvCacheUsage` (vllm:kv_cache_usage_perc), `runningRequestsPerPod`
-  (vllm:num_requests_running) and `interTokenLatencySeconds` (windowed mean of
-  vllm:inter_token_latency_seconds). A decode pod holds every running request's KV for the whole
-  generation: when the cache fills, vLLM preempts and recomputes, a latency cliff, so KV usage is
-  its binding resource; running requests is its concurrency (the batch it steps), which sets its
-  token rate; ITL is the latency a user feels. The ITL target must sit above an idle engine's
-  ITL, or the signal asks for maxReplicas forever.
-
-MTP-aware decode sizing: the `decodeTokensPerSecondPerPod` signal (decode, with MTP). With
-speculative decoding a forward step of a running request emits `1 + a` tokens, `a` being the
-measured acceptance length: accepted tokens per draft, the deltas of
-vllm:spec_decode_num_accepted_tokens / vllm:spec_decode_num_drafts between two scrapes, over the
-role's Ready pods. A step costs the same whatever is accepted (it verifies every drafted token),
-so a pod's token capacity is proportional to `1 + a`. The target is the tokens per second a pod
-sustains at the role's `expectedAcceptanceLength` (from a benchmark); the effective target is
-`target * (1 + a_observed) / (1 + a_expected)`, and the observed value is the tokens the pods
-emit per second (delta accepted + delta drafts, per pod). Equivalently it compares request-steps
-per second (one draft per running request per step) with the pod's step capacity: the demand in
-tokens is the users', the steps it takes depend on acceptance. At the same request rate a drop in
-acceptance leaves the token rate where it is and shrinks the target, so the recommendation rises
-by exactly `(1 + a_expected) / (1 + a_observed)`, at the next evaluation. Served tokens equal
-the demand while the pods keep up; once they cannot, the queue, running and KV signals show the
-excess (a saturated signal reads about its target, as CPU utilisation does for HPA).
-The alternative, scaling the runningRequestsPerPod target by the same factor, was rejected: at
-the same request rate the running count already rises by that factor (Little's law: requests
-need more steps when fewer drafts are accepted, so they stay longer), so it would count the drop
-twice and over-provision by the square. runningRequestsPerPod and kvCacheUsage stay unadjusted;
-they react to a drop through Little's law on their own, and the largest vote wins.
+This module orders the steps and writes the reason; the signals are read in `signals` (step 1),
+stabilisation and step limits are `behavior` (4, 5), the band is `ratio` (7).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from fractions import Fraction
 
 from pdmtp.api.autoscaling import (
     EXTERNAL,
     AutoscalingSpec,
-    RatioBand,
     RoleAutoscaling,
     Signal,
-    exact,
 )
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.promtext import HistogramTotals, Scrape
+from pdmtp.core.scaling.behavior import (
+    Recommendation,
+    RoleHistory,
+    ScaleEvent,
+    limit_step,
+    remember,
+    stabilise,
+)
+from pdmtp.core.scaling.ratio import UNREACHABLE, keep_ratio
+from pdmtp.core.scaling.signals import (
+    Acceptance,
+    Coverage,
+    PodObservation,
+    SignalReading,
+    acceptance_of,
+    read_signal,
+)
 
 __all__ = [
     "Acceptance",
@@ -115,89 +91,8 @@ __all__ = [
 ]
 
 
-# Per-pod gauges: the role's value is their mean over the reporting pods.
-_GAUGES: dict[Signal, Callable[[Scrape], float | None]] = {
-    Signal.WAITING_PER_POD: lambda scrape: scrape.waiting,
-    Signal.RUNNING_PER_POD: lambda scrape: scrape.running,
-    Signal.KV_CACHE_USAGE: lambda scrape: scrape.kv_cache_usage,
-}
-# Histograms: the role's value is the mean of what was observed between two scrapes.
-_WINDOWED: dict[Signal, Callable[[Scrape], HistogramTotals | None]] = {
-    Signal.QUEUE_TIME: lambda scrape: scrape.queue_time,
-    Signal.TIME_TO_FIRST_TOKEN: lambda scrape: scrape.time_to_first_token,
-    Signal.INTER_TOKEN_LATENCY: lambda scrape: scrape.inter_token_latency,
-}
-
-
 # ---------------------------------------------------------------------------------------------
-# Inputs and outputs
-
-
-@dataclass(frozen=True)
-class PodObservation:
-    """One engine pod as the scraper saw it: its two latest scrapes (for windowed means)."""
-
-    name: str
-    ready: bool
-    latest: Scrape | None = None
-    previous: Scrape | None = None
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    at: float
-    replicas: int
-
-
-@dataclass(frozen=True)
-class ScaleEvent:
-    at: float
-    before: int
-    after: int
-
-
-@dataclass(frozen=True)
-class RoleHistory:
-    """What stabilisation and step limits remember; `evaluate` returns it pruned and updated."""
-
-    recommendations: tuple[Recommendation, ...] = ()
-    scale_events: tuple[ScaleEvent, ...] = ()
-
-
-class Coverage(StrEnum):
-    FULL = "full"
-    """Every Ready pod reported."""
-    PARTIAL = "partial"
-    """Some, not all: may vote up, not down."""
-    MISSING = "missing"
-    """No Ready pod reported it (or there is no Ready pod): no vote, and no scale-down."""
-    QUIET = "quiet"
-    """Reported, but nothing happened in the window (no request finished): no vote."""
-
-
-@dataclass(frozen=True)
-class SignalReading:
-    signal: Signal
-    target: float
-    """The target used (for decodeTokensPerSecondPerPod, after the MTP adjustment)."""
-    value: float | None
-    desired: int | None
-    """The count this signal asks for; None when it does not vote."""
-    coverage: Coverage
-    reporting_pods: int
-    ready_pods: int
-    within_tolerance: bool = False
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """MTP acceptance as measured over the window, and what it did to the decode's target."""
-
-    expected: float
-    observed: float | None
-    """Accepted tokens per draft; None when no draft was made in the window."""
-    capacity_factor: float
-    """(1 + observed) / (1 + expected): the decode-tokens target is multiplied by this."""
+# Outputs (the inputs are `signals.PodObservation` and `behavior.RoleHistory`)
 
 
 @dataclass(frozen=True)
@@ -230,8 +125,6 @@ class Evaluation:
 # ---------------------------------------------------------------------------------------------
 # The decision
 
-UNREACHABLE = "unreachable within min/max replicas: min/max win"
-
 
 def evaluate(
     spec: AutoscalingSpec,
@@ -253,7 +146,7 @@ def evaluate(
     ratio_note = None
     if spec.ratio is not None:
         bounds = {role: _bounds(spec.role(role), current[role]) for role in ENGINE_ROLES}
-        prefill, decode, ratio_note = _keep_ratio(
+        prefill, decode, ratio_note = keep_ratio(
             spec.ratio, prefill, decode, bounds["prefill"], bounds["decode"]
         )
     final = {"prefill": prefill, "decode": decode}
@@ -261,7 +154,14 @@ def evaluate(
     return Evaluation(
         decisions,
         {
-            role: _remember(spec.role(role), history[role], decisions[role], now)
+            role: remember(
+                spec.role(role),
+                history[role],
+                now,
+                decisions[role].recommendation,
+                decisions[role].current,
+                decisions[role].desired,
+            )
             for role in ENGINE_ROLES
         },
         ratio_note,
@@ -345,10 +245,10 @@ def _decide_role(
         for pod in ready
         if pod.latest is not None and pod.latest.at >= now - spec.stale_after_seconds
     ]
-    acceptance = _acceptance(rules, fresh)
+    acceptance = acceptance_of(rules, fresh)
     tolerance = rules.effective_tolerance()
     readings = tuple(
-        _read(signal, target, tolerance, acceptance, len(ready), fresh, current)
+        read_signal(signal, target, tolerance, acceptance, len(ready), fresh, current)
         for signal, target in _ordered(rules.signal_targets(role))
     )
     steps: list[str] = []
@@ -367,7 +267,7 @@ def _decide_role(
         )
         steps.append(f"no scale-down on missing or stale metrics: {missing}")
 
-    stabilised = _stabilise(recommendation, current, history, rules, now)
+    stabilised = stabilise(recommendation, current, history, rules, now)
     if stabilised != recommendation:
         up = stabilised < recommendation
         window = rules.scale_up_rules() if up else rules.scale_down_rules()
@@ -376,7 +276,7 @@ def _decide_role(
             f"stabilised to {stabilised} over the {window.stabilization_window_seconds}s "
             f"scale-{direction} window"
         )
-    limited = _limit_step(stabilised, current, history, rules, now)
+    limited = limit_step(stabilised, current, history, rules, now)
     if limited != stabilised:
         direction = "up" if stabilised > current else "down"
         steps.append(f"scale-{direction} step limit allows {limited}")
@@ -409,123 +309,6 @@ def _vote_strength(reading: SignalReading) -> tuple[int, float]:
     return (reading.desired or 0, ratio)
 
 
-def _spec_decode_deltas(
-    fresh: Sequence[PodObservation],
-) -> Iterator[tuple[float, float, float]]:
-    """Per pod with two usable scrapes: accepted tokens, drafts, and the seconds between them."""
-    for pod in fresh:
-        latest, previous = pod.latest, pod.previous
-        if latest is None or previous is None or previous.at >= latest.at:
-            continue
-        accepted = _counter_delta(latest.accepted_tokens, previous.accepted_tokens)
-        drafts = _counter_delta(latest.drafts, previous.drafts)
-        if accepted is not None and drafts is not None:
-            yield accepted, drafts, latest.at - previous.at
-
-
-def _acceptance(rules: RoleAutoscaling, fresh: Sequence[PodObservation]) -> Acceptance | None:
-    """Measured accepted tokens per draft over the window, and the capacity factor it implies."""
-    expected = rules.expected_acceptance_length
-    if expected is None:
-        return None
-    accepted = drafts = 0.0
-    for accepted_delta, drafts_delta, _ in _spec_decode_deltas(fresh):
-        accepted += accepted_delta
-        drafts += drafts_delta
-    if drafts <= 0:
-        return Acceptance(expected, None, 1.0)
-    observed = accepted / drafts
-    return Acceptance(expected, observed, (1 + observed) / (1 + expected))
-
-
-def _counter_delta(latest: float | None, previous: float | None) -> float | None:
-    """Increase of a counter between two scrapes; a drop means the engine restarted."""
-    if latest is None or previous is None:
-        return None
-    return latest - previous if latest >= previous else latest
-
-
-def _read(
-    signal: Signal,
-    target: float,
-    tolerance: float,
-    acceptance: Acceptance | None,
-    ready: int,
-    fresh: Sequence[PodObservation],
-    current: int,
-) -> SignalReading:
-    if signal is Signal.DECODE_TOKENS_PER_POD and acceptance is not None:
-        target = target * acceptance.capacity_factor
-    value, reporting = _observe(signal, fresh)
-    if ready == 0 or reporting == 0:
-        coverage = Coverage.MISSING
-    elif reporting < ready:
-        coverage = Coverage.PARTIAL
-    elif value is None:
-        coverage = Coverage.QUIET
-    else:
-        coverage = Coverage.FULL
-    if value is None or coverage is Coverage.MISSING:
-        return SignalReading(signal, target, value, None, coverage, reporting, ready)
-
-    ratio = value / target
-    within = abs(ratio - 1) <= tolerance
-    # Proportional, as HPA, over the Ready pods when all of them reported; over only the pods
-    # heard from when too few did (the silent ones are counted as idle, so a partial view asks
-    # for less, never more; it cannot vote down anyway, see the hold). The epsilon keeps float
-    # noise (3 * 0.1 / 0.1) from adding a pod.
-    base = reporting if coverage is Coverage.PARTIAL else ready
-    proportional = math.ceil(base * ratio - 1e-9)
-    if within:
-        desired = current
-    elif ratio > 1:
-        desired = max(current, proportional)
-    else:
-        desired = min(current, proportional)
-    return SignalReading(signal, target, value, desired, coverage, reporting, ready, within)
-
-
-def _observe(signal: Signal, fresh: Sequence[PodObservation]) -> tuple[float | None, int]:
-    """(the role's value, how many pods reported it) over the fresh Ready pods."""
-    gauge = _GAUGES.get(signal)
-    if gauge is not None:
-        values = [
-            v for pod in fresh if pod.latest is not None and (v := gauge(pod.latest)) is not None
-        ]
-        return (sum(values) / len(values) if values else None), len(values)
-    if signal is Signal.DECODE_TOKENS_PER_POD:
-        return _decode_tokens_per_pod(fresh)
-    histogram = _WINDOWED[signal]
-    total = count = 0.0
-    reporting = 0
-    for pod in fresh:
-        latest, previous = pod.latest, pod.previous
-        if latest is None or previous is None or previous.at >= latest.at:
-            continue
-        now_totals, then_totals = histogram(latest), histogram(previous)
-        if now_totals is None or then_totals is None:
-            continue
-        reporting += 1
-        if now_totals.count >= then_totals.count:
-            total += now_totals.sum - then_totals.sum
-            count += now_totals.count - then_totals.count
-        else:  # the engine restarted between the scrapes: all it has is since then
-            total += now_totals.sum
-            count += now_totals.count
-    return (total / count if count > 0 else None), reporting
-
-
-def _decode_tokens_per_pod(fresh: Sequence[PodObservation]) -> tuple[float | None, int]:
-    """Mean tokens per second per pod (accepted + one per draft) between the two scrapes."""
-    rates = [
-        (accepted + drafts) / seconds for accepted, drafts, seconds in _spec_decode_deltas(fresh)
-    ]
-    if not rates:
-        return None, 0
-    # No token in the window (an idle decode): reported, but nothing to judge capacity by.
-    return (sum(rates) / len(rates) if any(rates) else None), len(rates)
-
-
 def _describe_vote(
     deciding: SignalReading | None,
     readings: Sequence[SignalReading],
@@ -547,110 +330,3 @@ def _describe_vote(
     if deciding.within_tolerance:
         return text + " is within tolerance"
     return text + f" wants {deciding.desired}"
-
-
-def _stabilise(
-    recommendation: int, current: int, history: RoleHistory, rules: RoleAutoscaling, now: float
-) -> int:
-    """HPA's stabilisation: rise to the lowest recommendation of the scale-up window, fall only
-    to the highest of the scale-down window."""
-    up, down = rules.scale_up_rules(), rules.scale_down_rules()
-    lowest_recent = highest_recent = recommendation
-    for past in history.recommendations:
-        # Inclusive: a change needs every recommendation of the whole window behind it.
-        if past.at >= now - up.stabilization_window_seconds:
-            lowest_recent = min(lowest_recent, past.replicas)
-        if past.at >= now - down.stabilization_window_seconds:
-            highest_recent = max(highest_recent, past.replicas)
-    if current < lowest_recent:
-        return lowest_recent
-    if current > highest_recent:
-        return highest_recent
-    return current
-
-
-def _limit_step(
-    stabilised: int, current: int, history: RoleHistory, rules: RoleAutoscaling, now: float
-) -> int:
-    """HPA-style step limits, counted from the replicas at the start of the period."""
-    up, down = rules.scale_up_rules(), rules.scale_down_rules()
-    if stabilised > current:
-        start = current - _net_change(history, up.period_seconds, now)
-        limits = []
-        if up.max_pods is not None:
-            limits.append(start + up.max_pods)
-        if up.max_percent is not None:
-            limits.append(math.ceil(Fraction(start * (100 + up.max_percent), 100)))
-        if not limits:
-            return stabilised
-        # A period already used up holds the count; it never turns a scale-up into a scale-down.
-        return min(stabilised, max(max(limits), current))
-    if stabilised < current:
-        start = current - _net_change(history, down.period_seconds, now)
-        limits = []
-        if down.max_pods is not None:
-            limits.append(start - down.max_pods)
-        if down.max_percent is not None:
-            keep = math.ceil(Fraction(start * (100 - down.max_percent), 100))
-            limits.append(min(keep, start - 1))  # a small role still loses one pod a period
-        if not limits:
-            return stabilised
-        return max(stabilised, min(min(limits), current))
-    return stabilised
-
-
-def _net_change(history: RoleHistory, period: int, now: float) -> int:
-    return sum(e.after - e.before for e in history.scale_events if e.at > now - period)
-
-
-def _keep_ratio(
-    band: RatioBand,
-    prefill: int,
-    decode: int,
-    prefill_bounds: tuple[int, int],
-    decode_bounds: tuple[int, int],
-) -> tuple[int, int, str | None]:
-    """The pair within the band and both roles' min/max nearest to (prefill, decode).
-
-    Nearest means: fewest pods taken away from what the roles want, then fewest added, then the
-    decode count closest to its own. None inside the band: min/max win and the note says so.
-    """
-    low, high = exact(band.min), exact(band.max)
-    label = f"prefill:decode band [{band.min:g}, {band.max:g}]"
-    if low <= Fraction(prefill, decode) <= high:
-        return prefill, decode, None
-    best: tuple[tuple[int, int, int], int, int] | None = None
-    (prefill_min, prefill_max), (decode_min, decode_max) = prefill_bounds, decode_bounds
-    # Only decode counts for which some prefill count in [min, max] fits the band.
-    first = max(decode_min, math.ceil(prefill_min / high))
-    last = min(decode_max, math.floor(prefill_max / low))
-    for candidate_decode in range(first, last + 1):
-        lowest = max(prefill_min, math.ceil(low * candidate_decode))
-        highest = min(prefill_max, math.floor(high * candidate_decode))
-        if lowest > highest:
-            continue
-        candidate_prefill = min(max(prefill, lowest), highest)
-        taken = max(0, prefill - candidate_prefill) + max(0, decode - candidate_decode)
-        added = max(0, candidate_prefill - prefill) + max(0, candidate_decode - decode)
-        key = (taken, added, abs(candidate_decode - decode))
-        if best is None or key < best[0]:
-            best = (key, candidate_prefill, candidate_decode)
-    if best is None:
-        return prefill, decode, f"{label} {UNREACHABLE}"
-    return best[1], best[2], label
-
-
-def _remember(
-    scaling: RoleAutoscaling | None, past: RoleHistory, decision: RoleDecision, now: float
-) -> RoleHistory:
-    """The history with this decision added and what no window or period still needs dropped."""
-    if scaling is None:
-        return RoleHistory()
-    up, down = scaling.scale_up_rules(), scaling.scale_down_rules()
-    window = max(up.stabilization_window_seconds, down.stabilization_window_seconds)
-    period = max(up.period_seconds, down.period_seconds)
-    recommendations = tuple(r for r in past.recommendations if r.at > now - window)
-    events = tuple(e for e in past.scale_events if e.at > now - period)
-    if decision.changed:
-        events += (ScaleEvent(now, decision.current, decision.desired),)
-    return RoleHistory((*recommendations, Recommendation(now, decision.recommendation)), events)
