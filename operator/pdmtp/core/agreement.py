@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pdmtp.api import reasons
 from pdmtp.api.flags import OWNED_FLAGS, owned_flags_in
 from pdmtp.api.methods import DRAFT_MODEL_METHODS
-from pdmtp.api.v1alpha1 import (
+from pdmtp.api.spec_rules import (
     DRAFT_MODEL_RULE,
     ENGINE_EXTRA_ARGS_RULE,
     MAX_MODEL_LEN_RULE,
@@ -22,8 +22,8 @@ from pdmtp.api.v1alpha1 import (
     SPECULATIVE_OVERRIDE_RULE,
     SPECULATIVE_TOKENS_DIVISIBLE_RULE,
     TP_DIVISIBLE_RULE,
-    PDDeploymentSpec,
 )
+from pdmtp.api.v1alpha1 import PDDeploymentSpec
 from pdmtp.api.vocabulary import EngineRole, by_role
 from pdmtp.core.effective import Effective, EngineRoleSettings, resolve
 from pdmtp.core.lookahead import normalise_method, prefill_backoff, prefill_lookahead
