@@ -40,8 +40,9 @@ from pdmtp.core.agreement import check
 from pdmtp.core.groups.grouping import groups_of, units, workloads
 from pdmtp.core.objects import engine_url, is_terminating, labels_of, name_of, pod_ready
 from pdmtp.core.render.membership import router_urls
+from pdmtp.core.revision_state import RevisionState
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating, foreign_routes
-from pdmtp.core.rollout.planner import Policy, RevisionState
+from pdmtp.core.rollout.planner import Policy
 from pdmtp.core.rollout.removal import listed_urls, removal_view
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.rollout.steering import target_and_policy

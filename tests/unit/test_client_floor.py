@@ -31,9 +31,10 @@ from builders import pdd
 from fake_cluster import FakeCluster
 from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout import planner
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment
-from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
+from pdmtp.core.rollout.planner import Policy, Target, plan
 from pdmtp.core.rollout.removal import gate
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, simulate_rollout

@@ -14,8 +14,9 @@ from builders import compat_revision, pdd
 from pdmtp.api import vocabulary as v
 from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.core.objects import is_terminating, pod_ready
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout.evacuation import evacuate
-from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, clients_reach
+from pdmtp.core.rollout.planner import Policy, RevisionPlan, clients_reach
 from pdmtp.core.rollout.removal import EnginePod, _victim_order
 from pdmtp.core.rollout.states import revision_states
 

@@ -68,8 +68,9 @@ from pdmtp.api.v1alpha1 import PDDeployment
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
 from pdmtp.core.actions import Delete
 from pdmtp.core.objects import parse_time
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.rollout.planner import Policy, Target
 from pdmtp.core.validation import validate
 
 Obj = dict[str, Any]

@@ -35,16 +35,10 @@ import test_group_simulation as groups
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pdmtp.api import vocabulary as v
+from pdmtp.core.revision_state import RevisionState, RoleState, steady_listing
 from pdmtp.core.rollout import planner
 from pdmtp.core.rollout.invariants import InvariantMonitor
-from pdmtp.core.rollout.planner import (
-    Policy,
-    RevisionState,
-    RoleState,
-    Target,
-    plan,
-    steady_listing,
-)
+from pdmtp.core.rollout.planner import Policy, Target, plan
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, simulate_rollout
 from rollout_strategies import policies, targets

@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout import planner
 from pdmtp.core.rollout.invariants import InvariantMonitor
-from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target, plan
+from pdmtp.core.rollout.planner import Policy, Target, plan
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, Trace, simulate_rollout
 from rollout_strategies import policies, replicas, targets
 

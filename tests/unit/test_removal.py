@@ -18,8 +18,9 @@ from pdmtp.api import reasons
 from pdmtp.api import vocabulary as v
 from pdmtp.core.objects import engine_url
 from pdmtp.core.render.membership import router_urls
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout.invariants import InvariantMonitor
-from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState, RoleState, Target
+from pdmtp.core.rollout.planner import Policy, RevisionPlan, Target
 from pdmtp.core.rollout.removal import EnginePod, RouterPod, gate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, simulate_rollout
 from rollout_strategies import policies, replicas, targets

@@ -16,7 +16,8 @@ from pdmtp.core.objects import engine_url, is_terminating, parse_time, pod_ready
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
 from pdmtp.core.render.membership import container_args, router_urls
-from pdmtp.core.rollout.planner import RevisionState, RoleState, clients_reach
+from pdmtp.core.revision_state import RevisionState, RoleState
+from pdmtp.core.rollout.planner import clients_reach
 from pdmtp.core.rollout.states import revision_states
 from pdmtp.core.verification.revisions import marked, replacements
 from pdmtp.core.windows import PodMetrics

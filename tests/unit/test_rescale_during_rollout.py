@@ -41,16 +41,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout.invariants import InvariantMonitor
-from pdmtp.core.rollout.planner import (
-    Policy,
-    RevisionState,
-    RoleState,
-    Step,
-    Target,
-    canary_replicas,
-    plan,
-)
+from pdmtp.core.rollout.planner import Policy, Step, Target, canary_replicas, plan
 from pdmtp.core.rollout.removal import gate
 from pdmtp.tools.simulate import InvariantViolation, SimCluster, SimPod, SimRevision
 

@@ -11,7 +11,8 @@ from pdmtp.core.agreement import check
 from pdmtp.core.context import Context
 from pdmtp.core.objects import format_time
 from pdmtp.core.pods import PodIssue
-from pdmtp.core.rollout.planner import RevisionState, RoleState, Step
+from pdmtp.core.revision_state import RevisionState, RoleState
+from pdmtp.core.rollout.planner import Step
 from pdmtp.core.rollout.steering import PodHealth, Steering, steer, target_and_policy, track
 
 NOW = 1_800_000_000.0

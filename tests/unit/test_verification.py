@@ -22,8 +22,9 @@ from pdmtp.core.context import Context
 from pdmtp.core.objects import format_time
 from pdmtp.core.promtext import Scrape
 from pdmtp.core.reconcile import Decision
+from pdmtp.core.revision_state import RevisionState, RoleState
 from pdmtp.core.rollout.invariants import InvariantMonitor
-from pdmtp.core.rollout.planner import Policy, RevisionState, RoleState, Target
+from pdmtp.core.rollout.planner import Policy, Target
 from pdmtp.core.rollout.steering import PodHealth, steer, target_and_policy
 from pdmtp.core.status.events import condition_events
 from pdmtp.core.verification.revisions import (

@@ -17,16 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, ROLES
+from pdmtp.core.revision_state import RevisionState, RoleState, steady_listing
 from pdmtp.core.rollout.invariants import InvariantMonitor, Moment, Terminating
-from pdmtp.core.rollout.planner import (
-    Policy,
-    RevisionState,
-    RoleState,
-    Step,
-    Target,
-    plan,
-    steady_listing,
-)
+from pdmtp.core.rollout.planner import Policy, Step, Target, plan
 from pdmtp.core.rollout.removal import EnginePod, Removal, RouterPod, gate, listed_urls
 
 _pod_names = itertools.count()

@@ -2,7 +2,7 @@
 for, one safe step at a time.
 
 - `planner`: the step (surge, unavailability, the availability floor, drains), over plain
-  `RevisionState`s; `states` reads those off the Deployments and pods.
+  `RevisionState`s (`core.revision_state`); `states` reads those off the Deployments and pods.
 - `steering`: what the step aims at (the spec's target, or back after a failure; held for a
   canary, a pause or a verdict).
 - `removal`: a pod leaves routing before it leaves the cluster (mark, release, scale);
@@ -10,5 +10,6 @@ for, one safe step at a time.
 - `invariants`: the rollout invariants, checked at every moment of a simulation and watch.
 
 Imports only the parts below it: `context`, `render`, `groups` and the base modules;
-never `verification`, `status` or `reconcile`, which read it (`make lint` holds this).
+never `verification` (beside it: the verdict's effect reaches it as a `Gate`), `status` or
+`reconcile`, which read it (`make lint` holds this).
 """

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pdmtp.api.vocabulary import ENGINE_ROLES, EngineRole
-from pdmtp.core.rollout.planner import Policy, RevisionPlan, RevisionState
+from pdmtp.core.revision_state import RevisionState
+from pdmtp.core.rollout.planner import Policy, RevisionPlan
 from pdmtp.core.rollout.removal import EnginePod
 
 

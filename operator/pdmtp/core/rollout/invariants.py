@@ -28,13 +28,12 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.vocabulary import EngineRole
 from pdmtp.core.objects import engine_url, labels_of
 from pdmtp.core.render.membership import router_urls
+from pdmtp.core.revision_state import RevisionState, establishment
 from pdmtp.core.rollout.planner import (
     Policy,
-    RevisionState,
     Target,
     availability_floor,
     clients_reach,
-    establishment,
     reachable_ready,
 )
 

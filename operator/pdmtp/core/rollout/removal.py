@@ -38,7 +38,8 @@ from pdmtp.core.objects import (
 )
 from pdmtp.core.pods import Wait
 from pdmtp.core.render.membership import container_args, router_urls
-from pdmtp.core.rollout.planner import RevisionPlan, RevisionState
+from pdmtp.core.revision_state import RevisionState
+from pdmtp.core.rollout.planner import RevisionPlan
 
 
 @dataclass(frozen=True)

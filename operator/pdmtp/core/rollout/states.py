@@ -19,7 +19,7 @@ from pdmtp.core.objects import (
     serves,
 )
 from pdmtp.core.render.membership import container_args, router_urls
-from pdmtp.core.rollout.planner import RevisionState, RoleState, steady_listing
+from pdmtp.core.revision_state import RevisionState, RoleState, steady_listing
 
 
 def _parked_replicas(deployment: Obj) -> int:
@@ -42,7 +42,7 @@ def _role_state(
     """One (revision, role) as the planner counts it; for an engine role, `routed` holds the
     engine URLs its revision's Ready router pods list (None for the router role itself) and
     `steady` those its router keeps listed through its own rollout (None: no router
-    Deployment; `planner.steady_listing`)."""
+    Deployment; `revision_state.steady_listing`)."""
     replicas = int(((deployment or {}).get("spec") or {}).get("replicas") or 0)
     if deployment is not None and replicas == 0:
         # A parked router keeps the planner's intent (render.router_deployment).

@@ -42,7 +42,8 @@ from pdmtp.core.pods import (
     waits,
 )
 from pdmtp.core.revision import revision_of
-from pdmtp.core.rollout.planner import Policy, RevisionState, Step, Target, establishment
+from pdmtp.core.revision_state import Gate, RevisionState, establishment
+from pdmtp.core.rollout.planner import Policy, Step, Target
 
 
 @dataclass(frozen=True)
@@ -78,24 +79,6 @@ class Steering:
     @property
     def rolling_back(self) -> bool:
         return self.rollback_revision is not None
-
-
-@dataclass(frozen=True)
-class Gate:
-    """What the update revision's verdict does to its rollout. The rollout's own input, defined
-    here where it is read; `core.verification` (above) produces it (`revisions.rollout_gate`)."""
-
-    failure: str | None = None
-    """Why the revision failed its verdict (the rollout fails as on its deadline); None if not."""
-    finding: str | None = None
-    """The failed verdict's reason (a Verified condition reason)."""
-    awaiting: str | None = None
-    """Why the old revision keeps its last pods (no verdict yet); None if free."""
-    release_at_deadline: bool = False
-    """Mode Rollback: no verdict by progressDeadlineSeconds ends the hold, and the rollout goes
-    on unverified (mode Gate fails it instead)."""
-    verified: bool = False
-    """An auto-promoting canary may go on."""
 
 
 @dataclass(frozen=True)

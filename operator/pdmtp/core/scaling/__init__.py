@@ -6,5 +6,6 @@
 - `roles`: the autoscaler's step for a PDDeployment (its status, its events), and the PDRoleScale
   objects whose scale subresource lets an HPA or KEDA set a role's count instead.
 
-Beside `rollout`, independent of it; imports only the base modules (`make lint` holds this).
+Beside `rollout` and `verification`, independent of both; imports only the base modules (`make
+lint` holds this).
 """

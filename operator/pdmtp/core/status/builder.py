@@ -30,14 +30,8 @@ from pdmtp.core.agreement import Agreement
 from pdmtp.core.context import Context
 from pdmtp.core.objects import Obj, describe
 from pdmtp.core.pods import PodIssue, Wait
-from pdmtp.core.rollout.planner import (
-    Policy,
-    RevisionState,
-    RoleState,
-    Step,
-    Target,
-    availability_floor,
-)
+from pdmtp.core.revision_state import RevisionState, RoleState
+from pdmtp.core.rollout.planner import Policy, Step, Target, availability_floor
 from pdmtp.core.rollout.steering import Steering
 from pdmtp.core.scaling.roles import Scaling
 from pdmtp.core.status.conditions import (

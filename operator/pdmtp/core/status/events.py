@@ -13,7 +13,8 @@ from pdmtp.api import vocabulary as v
 from pdmtp.api.status import Condition, TemplateRollStatus, WaitStatus
 from pdmtp.core.actions import Action, Annotate, Apply, Delete, Event, Scale
 from pdmtp.core.objects import describe, format_time
-from pdmtp.core.rollout.planner import RevisionState, Step
+from pdmtp.core.revision_state import RevisionState
+from pdmtp.core.rollout.planner import Step
 from pdmtp.core.rollout.steering import Steering
 from pdmtp.core.status.conditions import Transition
 from pdmtp.core.verification.templates import TemplateRoll

@@ -6,6 +6,8 @@
   and the serving decodes whose pulls keep failing (replaced).
 - `probing`: the operator's own requests while a verdict waits for traffic.
 
-Imports only the parts below it: `rollout`, `scaling`, `context`, `render`, `groups` and the
-base modules (the layers contract in pyproject.toml; `make lint` holds it).
+Beside `rollout` and `scaling`, independent of both: it reads the revisions as
+`core.revision_state` holds them and hands the rollout its `Gate` (defined there too). Imports
+only `context`, `render`, `groups` and the base modules (the layers contract in pyproject.toml;
+`make lint` holds it).
 """

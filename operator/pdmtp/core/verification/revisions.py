@@ -48,8 +48,7 @@ from pdmtp.core.objects import (
     parse_time,
     pod_ready,
 )
-from pdmtp.core.rollout.planner import RevisionState, establishment
-from pdmtp.core.rollout.steering import Gate
+from pdmtp.core.revision_state import Gate, RevisionState, establishment
 from pdmtp.core.verification.verdict import (
     Handoff,
     LoadFailurePolicy,
