@@ -50,13 +50,16 @@ class Decision:
 
     actions: tuple[Action, ...]
     requeue_after: float | None
-    agreement: Agreement | None = None
-    """None when the spec could not be parsed at all."""
     context: Context | None = None
     findings: Findings | None = None
     """With `context`: what this reconcile found; both None for a spec that cannot be served."""
     unusable: Report | None = None
     """The report of a spec that cannot be served: no actions, so nothing to wait for."""
+
+    @property
+    def agreement(self) -> Agreement | None:
+        """The spec's agreement; None for a spec that cannot be served."""
+        return None if self.context is None else self.context.agreement
 
     def report(self, refused: Sequence[Rejection] = (), unapplied: Collection[str] = ()) -> Report:
         """The status and events once the actions ran (`status.report.report`)."""
@@ -179,7 +182,7 @@ def decide(observed: Observed, now: float) -> Decision:
         retired=written.retired,
         revision_keys=written.revision_keys,
     )
-    return Decision(written.actions, _requeue(ctx, found), ctx.agreement, ctx, found)
+    return Decision(written.actions, _requeue(ctx, found), ctx, found)
 
 
 def _requeue(ctx: Context, found: Findings) -> float | None:

@@ -89,7 +89,7 @@ class RevisionState:
     """Set when the router was turned off: pods stay at least until then (epoch seconds)."""
     traffic_stopped: float | None = None
     """When the operator first saw no router pod of a draining revision serve (epoch seconds,
-    rounded up): the drain ends no earlier than this plus drainSeconds (`_drain`)."""
+    rounded up): the drain ends no earlier than this plus drainSeconds (`planner._drain`)."""
     created: float = 0.0
     router_parked: bool = False
     """The router Deployment is held at zero replicas for want of a routable membership
